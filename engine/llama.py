@@ -1,0 +1,196 @@
+"""Thin wrappers over llama.cpp's C API (through llama-cpp-python's ctypes bindings).
+
+Model: a loaded GGUF (weights, vocabulary, chat template), shared by every context of it.
+Context: one llama.cpp context with n_seq_max sequences, a reusable batch filled with numpy,
+llama_decode, logits and the memory (KV) operations.
+"""
+from __future__ import annotations
+
+import ctypes
+import logging
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import llama_cpp as C
+import numpy as np
+
+log = logging.getLogger("pagedllama.llama_cpp")
+_LEVELS = {1: logging.DEBUG, 2: logging.INFO, 3: logging.WARNING, 4: logging.ERROR}
+_backend_lock = threading.Lock()
+_backend_ready = False
+
+
+@C.llama_log_callback
+def _log_callback(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+    # llama.cpp's own messages go through logging; quiet (DEBUG) unless they are errors.
+    message = text.decode("utf-8", errors="replace").rstrip()
+    if message:
+        log.log(logging.ERROR if level == 4 else logging.DEBUG, message)
+
+
+def init_backend() -> None:
+    global _backend_ready
+    with _backend_lock:
+        if not _backend_ready:
+            C.llama_log_set(_log_callback, ctypes.c_void_p(0))
+            C.llama_backend_init()
+            _backend_ready = True
+
+
+class Model:
+    """A GGUF model loaded once: tokenizer, detokenizer pieces and chat template."""
+
+    def __init__(self, path: str | Path):
+        init_backend()
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise FileNotFoundError(f"model file not found: {self.path}")
+        params = C.llama_model_default_params()
+        self.ptr = C.llama_model_load_from_file(str(self.path).encode(), params)
+        if not self.ptr:
+            raise RuntimeError(f"llama.cpp could not load {self.path}")
+        self.vocab = C.llama_model_get_vocab(self.ptr)
+        self.n_vocab = C.llama_vocab_n_tokens(self.vocab)
+        self.n_ctx_train = C.llama_model_n_ctx_train(self.ptr)
+        self.add_bos = bool(C.llama_vocab_get_add_bos(self.vocab))
+        self.bos_id, self.eos_id = C.llama_vocab_bos(self.vocab), C.llama_vocab_eos(self.vocab)
+        self.eog_ids = frozenset(t for t in range(self.n_vocab) if C.llama_vocab_is_eog(self.vocab, t))
+        self._pieces: dict[int, bytes] = {}
+        template = C.llama_model_chat_template(self.ptr, None)
+        self.chat_template: str | None = template.decode("utf-8") if template else None
+
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        data = text.encode("utf-8")
+        n_max = len(data) + 8
+        buf = (C.llama_token * n_max)()
+        n = C.llama_tokenize(self.vocab, data, len(data), buf, n_max, add_special, parse_special)
+        if n < 0:
+            buf = (C.llama_token * -n)()
+            n = C.llama_tokenize(self.vocab, data, len(data), buf, -n, add_special, parse_special)
+        return list(buf[:n])
+
+    def piece(self, token: int) -> bytes:
+        """Bytes of one token (control tokens render as nothing)."""
+        piece = self._pieces.get(token)
+        if piece is None:
+            buf = ctypes.create_string_buffer(64)
+            n = C.llama_token_to_piece(self.vocab, token, buf, 64, 0, False)
+            if n < 0:
+                buf = ctypes.create_string_buffer(-n)
+                n = C.llama_token_to_piece(self.vocab, token, buf, -n, 0, False)
+            piece = self._pieces[token] = buf.raw[:n]
+        return piece
+
+    def token_text(self, token: int) -> str:
+        """A token as text with special tokens shown (for templates: bos/eos strings)."""
+        buf = ctypes.create_string_buffer(256)
+        n = C.llama_token_to_piece(self.vocab, token, buf, 256, 0, True)
+        return buf.raw[:max(n, 0)].decode("utf-8", errors="replace")
+
+    def detokenize(self, tokens: list[int]) -> str:
+        return b"".join(self.piece(t) for t in tokens).decode("utf-8", errors="replace")
+
+    def close(self) -> None:
+        if self.ptr:
+            C.llama_model_free(self.ptr)
+            self.ptr = None
+
+
+@dataclass
+class ContextConfig:
+    n_ctx: int = 8192
+    n_seq_max: int = 64
+    n_batch: int = 256          # tokens per llama_decode; also n_ubatch, so a batch is never split
+    n_threads: int = 2
+    kv_unified: bool = True
+    flash_attn: bool = True
+
+
+class Context:
+    """One llama.cpp context: batch building, decode, logits and KV memory operations."""
+
+    def __init__(self, model: Model, config: ContextConfig):
+        self.model, self.config = model, config
+        params = C.llama_context_default_params()
+        params.n_ctx = config.n_ctx
+        params.n_batch = params.n_ubatch = config.n_batch
+        params.n_seq_max = config.n_seq_max
+        params.n_threads = params.n_threads_batch = config.n_threads
+        params.kv_unified = config.kv_unified
+        params.flash_attn_type = 1 if config.flash_attn else 0
+        params.no_perf = True
+        self.ptr = C.llama_init_from_model(model.ptr, params)
+        if not self.ptr:
+            raise RuntimeError(f"llama.cpp could not create a context ({config})")
+        self.n_ctx = C.llama_n_ctx(self.ptr)
+        self.n_ctx_seq = C.llama_n_ctx_seq(self.ptr)
+        self.mem = C.llama_get_memory(self.ptr)
+        self.batch = C.llama_batch_init(config.n_batch, 0, 1)
+        n = config.n_batch
+        # numpy views over the batch arrays: filling a batch is a few vectorised copies
+        self._tokens = np.ctypeslib.as_array(self.batch.token, shape=(n,))
+        self._pos = np.ctypeslib.as_array(self.batch.pos, shape=(n,))
+        self._n_seq = np.ctypeslib.as_array(self.batch.n_seq_id, shape=(n,))
+        self._logits = np.ctypeslib.as_array(self.batch.logits, shape=(n,))
+        self._seq_ptrs = [self.batch.seq_id[i] for i in range(n)]
+        self._n_seq[:] = 1
+        self._saved: dict[int, bytes] = {}
+
+    # ---- batch and decode ---------------------------------------------------------------------
+    def decode(self, pieces: list[tuple[int, list[int], int, bool]]) -> int:
+        """One llama_decode over pieces of (seq id, tokens, first position, want logits of the
+        last token). Returns llama_decode's status (0 ok, 1 no KV slot, <0 error)."""
+        n = 0
+        for seq_id, tokens, pos0, want_logits in pieces:
+            k = len(tokens)
+            self._tokens[n:n + k] = tokens
+            self._pos[n:n + k] = np.arange(pos0, pos0 + k)
+            self._logits[n:n + k] = 0
+            if want_logits:
+                self._logits[n + k - 1] = 1
+            for i in range(n, n + k):
+                self._seq_ptrs[i][0] = seq_id
+            n += k
+        self.batch.n_tokens = n
+        return C.llama_decode(self.ptr, self.batch)
+
+    def logits(self, i: int) -> np.ndarray:
+        """Logits of batch position i (a view, valid until the next decode)."""
+        ptr = C.llama_get_logits_ith(self.ptr, i)
+        return np.ctypeslib.as_array(ptr, shape=(self.model.n_vocab,))
+
+    # ---- memory (KV) operations --------------------------------------------------------------
+    def seq_rm(self, seq_id: int, p0: int = 0, p1: int = -1) -> bool:
+        return C.llama_memory_seq_rm(self.mem, seq_id, p0, p1)
+
+    def seq_cp(self, src: int, dst: int, p0: int, p1: int) -> None:
+        C.llama_memory_seq_cp(self.mem, src, dst, p0, p1)
+
+    def seq_pos_range(self, seq_id: int) -> tuple[int, int]:
+        """(pos_min, pos_max) of a sequence's cells; (-1, -1) when it has none."""
+        return (C.llama_memory_seq_pos_min(self.mem, seq_id),
+                C.llama_memory_seq_pos_max(self.mem, seq_id))
+
+    def save_seq(self, seq_id: int, key: int) -> int:
+        """Copy a sequence's KV state to RAM; returns its size in bytes."""
+        size = C.llama_state_seq_get_size(self.ptr, seq_id)
+        buf = (ctypes.c_uint8 * size)()
+        written = C.llama_state_seq_get_data(self.ptr, buf, size, seq_id)
+        self._saved[key] = bytes(buf[:written])
+        return written
+
+    def restore_seq(self, key: int, seq_id: int) -> None:
+        data = self._saved.pop(key)
+        buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
+        if C.llama_state_seq_set_data(self.ptr, buf, len(data), seq_id) == 0:
+            raise RuntimeError(f"llama_state_seq_set_data failed for seq {seq_id}")
+
+    def drop_saved(self, key: int) -> None:
+        self._saved.pop(key, None)
+
+    def close(self) -> None:
+        if self.ptr:
+            C.llama_batch_free(self.batch)
+            C.llama_free(self.ptr)
+            self.ptr = None

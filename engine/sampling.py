@@ -1,0 +1,66 @@
+"""Per-sequence sampling with llama.cpp sampler chains (greedy without penalties: numpy argmax)."""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+import llama_cpp as C
+
+from engine.llama import Context
+
+
+@dataclass
+class SamplingParams:
+    max_tokens: int | None = None     # None: up to the context limit
+    temperature: float = 1.0          # 0 = greedy
+    top_k: int = 0                    # 0 = off
+    top_p: float = 1.0
+    min_p: float = 0.0
+    seed: int | None = None
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    penalty_last_n: int = 64
+    stop: list[str] = field(default_factory=list)
+    ignore_eos: bool = False
+
+    @property
+    def has_penalties(self) -> bool:
+        return (self.repetition_penalty != 1.0 or self.presence_penalty != 0.0
+                or self.frequency_penalty != 0.0)
+
+
+class Sampler:
+    def __init__(self, params: SamplingParams, n_vocab: int):
+        self.greedy = params.temperature == 0 and not params.has_penalties
+        self.chain = None
+        if self.greedy:
+            return
+        chain = C.llama_sampler_chain_init(C.llama_sampler_chain_default_params())
+        if params.has_penalties:
+            C.llama_sampler_chain_add(chain, C.llama_sampler_init_penalties(
+                n_vocab, params.penalty_last_n, params.repetition_penalty,
+                params.frequency_penalty, params.presence_penalty))
+        if params.temperature == 0:
+            C.llama_sampler_chain_add(chain, C.llama_sampler_init_greedy())
+        else:
+            if params.top_k > 0:
+                C.llama_sampler_chain_add(chain, C.llama_sampler_init_top_k(params.top_k))
+            if params.top_p < 1.0:
+                C.llama_sampler_chain_add(chain, C.llama_sampler_init_top_p(params.top_p, 1))
+            if params.min_p > 0.0:
+                C.llama_sampler_chain_add(chain, C.llama_sampler_init_min_p(params.min_p, 1))
+            C.llama_sampler_chain_add(chain, C.llama_sampler_init_temp(params.temperature))
+            seed = params.seed if params.seed is not None else random.getrandbits(32)
+            C.llama_sampler_chain_add(chain, C.llama_sampler_init_dist(seed & 0xFFFFFFFF))
+        self.chain = chain
+
+    def sample(self, context: Context, batch_index: int) -> int:
+        if self.greedy:
+            return int(context.logits(batch_index).argmax())
+        return C.llama_sampler_sample(self.chain, context.ptr, batch_index)
+
+    def close(self) -> None:
+        if self.chain is not None:
+            C.llama_sampler_free(self.chain)
+            self.chain = None

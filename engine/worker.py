@@ -1,0 +1,296 @@
+"""The step loop: one worker thread per llama.cpp context.
+
+Each step: take new and cancelled requests from the inbox; ask the scheduler for a plan; apply
+its KV operations; run ONE llama_decode for the whole batch (the GIL is released inside);
+sample every sequence that produced logits; hand the new text to each request's asyncio queue
+with one loop.call_soon_threadsafe per step. The HTTP event loop never calls llama.cpp.
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from engine.detok import TextStream
+from engine.llama import Context, ContextConfig, Model
+from engine.sampling import Sampler, SamplingParams
+from kvcache import BlockManager, CopyOp, DropSavedOp, RemoveOp, RestoreOp, SaveOp
+from scheduler import Scheduler, Sequence, StepPlan, make_policy
+
+log = logging.getLogger("pagedllama.engine")
+_request_ids = itertools.count(1)
+
+
+@dataclass
+class EngineConfig:
+    n_ctx: int = 2048                 # per sequence: the longest prompt + output
+    max_seqs: int = 16
+    n_threads: int = 2
+    max_batch_tokens: int = 256
+    block_size: int = 16
+    prefill_chunk: int = 64           # the prefill grid G
+    prefix_caching: bool = True
+    kv_unified: bool = False
+    scheduler: str = "fifo"
+    preemption: str = "swap"
+    max_queue: int = 256
+    cache_seqs: int = 16              # extra llama.cpp seq ids that hold cached prefixes
+
+    @property
+    def n_seq_max(self) -> int:
+        return min(256, self.max_seqs + (self.cache_seqs if self.prefix_caching else 0))
+
+    @property
+    def total_cells(self) -> int:
+        """Split KV: one stream of n_ctx cells per seq id. Unified: one pool shared by all."""
+        return self.n_ctx * (self.max_seqs if self.kv_unified else self.n_seq_max)
+
+
+@dataclass
+class Event:
+    """What a request's queue receives: new text, and on the last event the finish reason."""
+    text: str = ""
+    num_tokens: int = 0
+    finish_reason: str | None = None
+    error: str | None = None
+
+
+@dataclass(eq=False)
+class Request:
+    prompt: list[int]
+    params: SamplingParams
+    priority: int = 0
+    timeout: float | None = None
+    id: int = field(default_factory=lambda: next(_request_ids))
+    loop: asyncio.AbstractEventLoop | None = None
+    queue: asyncio.Queue | None = None
+    seq: Sequence | None = None
+    sampler: Sampler | None = None
+    stream: TextStream | None = None
+    arrival_time: float = field(default_factory=time.monotonic)
+    first_token_time: float | None = None
+    last_token_time: float | None = None
+    finish_time: float | None = None
+    finish_reason: str | None = None
+
+    @property
+    def num_output(self) -> int:
+        return self.seq.num_output if self.seq else 0
+
+    @property
+    def num_cached(self) -> int:
+        return self.seq.num_cached_tokens if self.seq else 0
+
+
+class Observer:
+    """Hooks for metrics; called from the worker thread. The default does nothing."""
+
+    def on_step(self, worker: "Worker", num_tokens: int, seconds: float) -> None: ...
+
+    def on_token(self, worker: "Worker", req: Request, now: float) -> None: ...
+
+    def on_finish(self, worker: "Worker", req: Request) -> None: ...
+
+
+class QueueFull(Exception):
+    pass
+
+
+class Worker:
+    """One llama.cpp context and the thread that runs its step loop."""
+
+    def __init__(self, name: str, model: Model, config: EngineConfig,
+                 observer: Observer | None = None):
+        self.name, self.model, self.config = name, model, config
+        self.observer = observer or Observer()
+        self.context = Context(model, ContextConfig(
+            n_ctx=config.total_cells, n_seq_max=config.n_seq_max, n_batch=config.max_batch_tokens,
+            n_threads=config.n_threads, kv_unified=config.kv_unified))
+        self.manager = BlockManager(config.total_cells // config.block_size, config.block_size,
+                                    config.n_seq_max, config.prefix_caching, config.prefill_chunk,
+                                    share_cells=config.kv_unified)
+        self.scheduler = Scheduler(self.manager, make_policy(config.scheduler), config.max_seqs,
+                                   config.max_batch_tokens, config.preemption)
+        self.max_seq_len = min(config.n_ctx, self.context.n_ctx_seq)
+        self.inbox: deque[tuple[str, Request]] = deque()
+        self.wakeup = threading.Event()
+        self.submitted = 0            # written by the event loop only
+        self.finished = 0             # written by the worker thread only
+        self.failed: str | None = None
+        self.steps = 0
+        self._stop = False
+        self._thread = threading.Thread(target=self._run, name=f"engine-{name}", daemon=True)
+
+    # ---- event-loop side -------------------------------------------------------------------------
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop = True
+        self.wakeup.set()
+        self._thread.join(timeout=10)
+        self.context.close()
+
+    def submit(self, req: Request) -> asyncio.Queue:
+        if self.outstanding >= self.config.max_seqs + self.config.max_queue:
+            raise QueueFull(f"{self.outstanding} requests in flight on {self.name}")
+        req.loop = asyncio.get_running_loop()
+        req.queue = asyncio.Queue()
+        self.submitted += 1
+        self.inbox.append(("add", req))
+        self.wakeup.set()
+        return req.queue
+
+    @property
+    def outstanding(self) -> int:
+        return self.submitted - self.finished
+
+    def cancel(self, req: Request) -> None:
+        self.inbox.append(("cancel", req))
+        self.wakeup.set()
+
+    def cached_prefix(self, tokens: list[int]) -> int:
+        """Tokens of this prompt the context's prefix cache holds (a racy, read-only peek)."""
+        try:
+            return self.manager.lookup(tokens)
+        except (RuntimeError, KeyError, IndexError):
+            return 0
+
+    # ---- worker thread ---------------------------------------------------------------------------
+    def _run(self) -> None:
+        while not self._stop:
+            self._drain_inbox()
+            if not self.scheduler.has_work():
+                self.wakeup.wait()
+                self.wakeup.clear()
+                continue
+            try:
+                self._step()
+            except Exception as exc:   # a broken context fails its own requests, nothing else
+                log.exception("engine %s step failed", self.name)
+                self._fail_all(f"engine error: {exc}")
+
+    def _drain_inbox(self) -> None:
+        while self.inbox:
+            kind, req = self.inbox.popleft()
+            if kind == "add":
+                self._admit(req)
+            elif req.seq is not None and req.finish_reason is None:
+                self.scheduler.abort(req.seq, "abort")
+                self._close(req, "abort", notify=False)
+
+    def _admit(self, req: Request) -> None:
+        p = req.params
+        max_tokens = p.max_tokens or (self.max_seq_len - len(req.prompt))
+        deadline = req.arrival_time + req.timeout if req.timeout else None
+        req.seq = Sequence(req.prompt, max_tokens, req.priority, deadline, owner=req)
+        req.sampler = Sampler(p, self.model.n_vocab)
+        req.stream = TextStream(self.model.piece, p.stop)
+        self.scheduler.add(req.seq)
+
+    def _step(self) -> None:
+        plan = self.scheduler.schedule()
+        self._apply(plan.ops)
+        events = [self._close(s.owner, "timeout") for s in self.scheduler.expired]
+        self.scheduler.expired.clear()
+        if plan.chunks:
+            events += self._run_plan(plan)
+        elif not events:
+            self.wakeup.wait(0.005)   # waiting requests that cannot start yet
+            self.wakeup.clear()
+        self._deliver(events)
+
+    def _run_plan(self, plan: StepPlan) -> list[tuple[Request, Event]]:
+        pieces = [(c.seq.seq_id, c.seq.tokens[c.start:c.end], c.start, c.wants_logits)
+                  for c in plan.chunks]
+        t0 = time.perf_counter()
+        status = self.context.decode(pieces)
+        if status == 1:   # no KV slot after all: preempt one sequence and plan again
+            log.warning("engine %s: llama_decode found no KV slot; preempting", self.name)
+            self.scheduler.preempt_one()
+            self._apply(self.manager.take_ops())
+            return []
+        if status != 0:
+            raise RuntimeError(f"llama_decode returned {status}")
+        self.steps += 1
+        self.scheduler.advance(plan)
+        now = time.monotonic()
+        events, offset = [], 0
+        for chunk in plan.chunks:
+            offset += chunk.end - chunk.start
+            if chunk.wants_logits:
+                req = chunk.seq.owner
+                token = req.sampler.sample(self.context, offset - 1)
+                chunk.seq.tokens.append(token)
+                events.append(self._on_token(req, token, now))
+        self.observer.on_step(self, plan.num_tokens, time.perf_counter() - t0)
+        return events
+
+    def _on_token(self, req: Request, token: int, now: float) -> tuple[Request, Event]:
+        seq, p = req.seq, req.params
+        if req.first_token_time is None:
+            req.first_token_time = now
+        self.observer.on_token(self, req, now)
+        req.last_token_time = now
+        if token in self.model.eog_ids and not p.ignore_eos:
+            return self._close(req, "stop", req.stream.flush())
+        text, stopped = req.stream.push(token)
+        if stopped:
+            return self._close(req, "stop", text)
+        if seq.num_output >= seq.max_tokens or len(seq.tokens) >= self.max_seq_len:
+            return self._close(req, "length", text + req.stream.flush())
+        return req, Event(text, 1)
+
+    def _close(self, req: Request, reason: str, text: str = "", notify: bool = True):
+        if req.seq.status.value != "finished":
+            self.scheduler.finish(req.seq, reason)
+        req.finish_reason, req.finish_time = reason, time.monotonic()
+        req.sampler.close()
+        self.finished += 1
+        self.observer.on_finish(self, req)
+        return (req, Event(text, 1 if reason in ("stop", "length") else 0, reason))
+
+    def _apply(self, ops) -> None:
+        ctx = self.context
+        for op in ops:
+            if isinstance(op, CopyOp):
+                if self.config.kv_unified:
+                    ctx.seq_cp(op.src, op.dst, op.p0, op.p1)
+                else:   # split streams copy whole: take all of src, then cut to the range
+                    ctx.seq_cp(op.src, op.dst, -1, -1)
+                    ctx.seq_rm(op.dst, op.p1, -1)
+            elif isinstance(op, RemoveOp):
+                ctx.seq_rm(op.seq, op.p0, op.p1)
+            elif isinstance(op, SaveOp):
+                ctx.save_seq(op.seq, op.key)
+            elif isinstance(op, RestoreOp):
+                ctx.restore_seq(op.key, op.seq)
+            elif isinstance(op, DropSavedOp):
+                ctx.drop_saved(op.key)
+
+    def _fail_all(self, message: str) -> None:
+        events = []
+        for seq in list(self.scheduler.running) + list(self.scheduler.waiting):
+            self.scheduler.abort(seq, "error")
+            req = seq.owner
+            req.finish_reason, req.finish_time = "error", time.monotonic()
+            req.sampler.close()
+            self.finished += 1
+            events.append((req, Event(error=message, finish_reason="error")))
+        self._apply(self.manager.take_ops())
+        self._deliver(events)
+
+    def _deliver(self, events: list[tuple[Request, Event]]) -> None:
+        if not events:
+            return
+        loop = events[0][0].loop
+        loop.call_soon_threadsafe(_put_all, events)
+
+
+def _put_all(events: list[tuple[Request, Event]]) -> None:
+    for req, event in events:
+        req.queue.put_nowait(event)

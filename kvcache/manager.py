@@ -1,0 +1,292 @@
+"""BlockManager: paged bookkeeping over one llama.cpp context's KV cells.
+
+Blocks are units of budget (block_size cells). A live sequence holds a llama.cpp seq id and a
+block table. With prefix caching on, every full block a sequence computes is registered under its
+chain hash, owned by that sequence's seq id. When the sequence ends, the seq id stays alive as a
+*holder* of the cells of the cached blocks it owns (its uncached tail is removed), until LRU
+eviction removes them: a holder's cells cover [0, end of its last owned block), because cached
+blocks form chains and a chain's ancestors are evicted only after its descendants (leaves first).
+
+A new sequence whose prompt starts with cached blocks gets them by CopyOp (llama_memory_seq_cp
+from the owner of the last matched block, which holds the whole chain): zero-copy in a unified
+KV cache, a stream copy with split KV (share_cells=False). With split KV a finished sequence
+moves its cached blocks to the highest free seq id, so running sequences keep low, contiguous
+ids (llama.cpp batches only consecutive seq ids of split streams into one ubatch). Reuse stops on a multiple of `grid`, the prefill chunk grid, so that a cached prompt is
+computed in exactly the same pieces as a cold one.
+
+Invariant: cells llama.cpp uses <= cells of the blocks counted as used here.
+"""
+from __future__ import annotations
+
+import heapq
+from collections import OrderedDict, deque
+from typing import Sequence
+
+from kvcache.blocks import Block, CopyOp, KVOp, NO_PARENT, RemoveOp, SeqAlloc, block_hashes
+
+
+class BlockManager:
+    def __init__(self, num_blocks: int, block_size: int = 16, num_seq_ids: int = 64,
+                 prefix_caching: bool = True, grid: int | None = None, share_cells: bool = True):
+        grid = grid or block_size
+        if grid % block_size:
+            raise ValueError(f"prefill grid {grid} must be a multiple of block size {block_size}")
+        self.block_size, self.grid, self.prefix_caching = block_size, grid, prefix_caching
+        self.share_cells = share_cells
+        self.blocks = [Block(i) for i in range(num_blocks)]
+        self.free_list: deque[Block] = deque(self.blocks)          # unreferenced, uncached
+        self.evictable: OrderedDict[int, Block] = OrderedDict()  # unreferenced, cached; LRU first
+        self.cache: dict[int, Block] = {}                      # chain hash -> block
+        self.free_seq_ids = list(range(num_seq_ids))
+        self.num_seq_ids = num_seq_ids
+        self.owned: dict[int, int] = {}   # seq id -> number of cached blocks it owns
+        self.live: set[int] = set()       # seq ids of open sequences
+        self.ops: list[KVOp] = []
+        self.query_tokens = self.hit_tokens = 0
+
+    # ---- accounting -------------------------------------------------------------------------
+    @property
+    def num_blocks(self) -> int:
+        return len(self.blocks)
+
+    @property
+    def num_free_blocks(self) -> int:
+        """Blocks a sequence can get now: never-used ones plus evictable cached ones."""
+        return len(self.free_list) + len(self.evictable)
+
+    @property
+    def num_used_blocks(self) -> int:
+        """Blocks referenced by live sequences."""
+        return self.num_blocks - self.num_free_blocks
+
+    @property
+    def num_cached_blocks(self) -> int:
+        return len(self.cache)
+
+    def blocks_for(self, n_tokens: int) -> int:
+        return -(-n_tokens // self.block_size)
+
+    def take_ops(self) -> list[KVOp]:
+        ops, self.ops = self.ops, []
+        return ops
+
+    def hashes(self, tokens: Sequence[int]) -> list[int]:
+        return block_hashes(tokens, self.block_size)
+
+    # ---- opening and closing sequences ---------------------------------------------------------
+    def can_open(self) -> bool:
+        return bool(self.free_seq_ids) or bool(self.owned.keys() - self.live)
+
+    def open(self, tokens: Sequence[int], max_reuse: int, reserve_tokens: int,
+             hashes: list[int] | None = None, extra_blocks: int = 0) -> SeqAlloc | None:
+        """A sequence for `tokens` that reuses up to `max_reuse` cached tokens, if blocks for
+        `reserve_tokens` (+ extra_blocks already promised elsewhere) fit and a seq id is free."""
+        seq_id = self._acquire_seq_id()
+        if seq_id is None:
+            return None
+        hashes = hashes if hashes is not None else self.hashes(tokens)
+        hit = self._match(hashes, tokens, 0, max_reuse)
+        hit_evictable = sum(1 for b in hit if b.ref_count == 0)
+        need = self.blocks_for(reserve_tokens) - len(hit) + extra_blocks
+        if need > self.num_free_blocks - hit_evictable:
+            self._release_seq_id(seq_id, had_cells=False)
+            return None
+        alloc = SeqAlloc(seq_id, hashes=list(hashes))
+        self.live.add(seq_id)
+        self._share(alloc, hit)
+        alloc.num_cached = len(hit) * self.block_size
+        if self.prefix_caching:
+            self.query_tokens += len(tokens)
+            self.hit_tokens += alloc.num_cached
+        return alloc
+
+    def extend(self, alloc: SeqAlloc, tokens: Sequence[int], num_computed: int,
+               max_reuse: int) -> int:
+        """Share cached blocks that continue a sequence computed up to num_computed (blocks
+        another sequence computed since this one opened). Returns the number of tokens gained."""
+        start = len(alloc.blocks)
+        if (not self.prefix_caching or start * self.block_size != num_computed
+                or num_computed % self.grid):
+            return 0
+        hit = self._match(alloc.hashes, tokens, start, max_reuse)
+        self._share(alloc, hit)
+        gained = len(hit) * self.block_size
+        self.hit_tokens += gained
+        return gained
+
+    def free(self, alloc: SeqAlloc) -> None:
+        """Close a sequence. Cached blocks stay (LRU evictable, tail first); the rest is freed."""
+        seq_id = alloc.seq_id
+        self.live.discard(seq_id)
+        n_cached = 0
+        while n_cached < len(alloc.blocks) and alloc.blocks[n_cached].hash is not None:
+            n_cached += 1
+        owned = [b for b in alloc.blocks[:n_cached] if b.owner == seq_id]
+        for block in reversed(alloc.blocks):
+            block.ref_count -= 1
+            if block.ref_count == 0:
+                if block.hash is not None:
+                    self.evictable[block.id] = block
+                else:
+                    block.reset()
+                    self.free_list.append(block)
+        alloc.blocks = []
+        if seq_id not in self.owned:
+            self._release_seq_id(seq_id)
+        elif not self.share_cells and self.free_seq_ids and max(self.free_seq_ids) > seq_id:
+            self._move_holder(seq_id, max(self.free_seq_ids), n_cached * self.block_size, owned)
+        else:
+            self.ops.append(RemoveOp(seq_id, n_cached * self.block_size))
+
+    def _move_holder(self, src: int, dst: int, n_tokens: int, owned: list[Block]) -> None:
+        """Hand the cached blocks src owns, and its cells [0, n_tokens), to seq id dst."""
+        self.free_seq_ids.remove(dst)
+        heapq.heapify(self.free_seq_ids)
+        self.ops.append(CopyOp(src, dst, 0, n_tokens))
+        for block in owned:
+            block.owner = dst
+        self.owned[dst] = self.owned.pop(src)
+        self._release_seq_id(src)
+
+    # ---- growing ------------------------------------------------------------------------------
+    def ensure(self, alloc: SeqAlloc, n_tokens: int) -> bool:
+        """Make the block table cover n_tokens positions. All or nothing."""
+        need = self.blocks_for(n_tokens) - len(alloc.blocks)
+        if need <= 0:
+            return True
+        if need > self.num_free_blocks:
+            return False
+        for _ in range(need):
+            block = self._take_free_block()
+            block.ref_count, block.index = 1, len(alloc.blocks)
+            alloc.blocks.append(block)
+        return True
+
+    def commit(self, alloc: SeqAlloc, tokens: Sequence[int], num_computed: int) -> None:
+        """Register in the prefix cache the blocks that the first num_computed tokens fill.
+        A block the cache already holds (computed twice at once) is swapped for the cached one."""
+        if not self.prefix_caching:
+            return
+        bs = self.block_size
+        n_full = num_computed // bs
+        if len(alloc.hashes) < n_full:
+            parent = alloc.hashes[-1] if alloc.hashes else NO_PARENT
+            alloc.hashes += block_hashes(tokens[:n_full * bs], bs, parent, len(alloc.hashes) * bs)
+        for i in range(n_full):
+            block = alloc.blocks[i]
+            if block.hash is not None:
+                continue
+            h, block_tokens = alloc.hashes[i], tuple(tokens[i * bs:(i + 1) * bs])
+            twin = self.cache.get(h)
+            if twin is not None:
+                if twin.tokens != block_tokens or not self.share_cells:
+                    return  # a collision, or split KV (no cell sharing): leave the rest uncached
+                self.ops += [RemoveOp(alloc.seq_id, i * bs, (i + 1) * bs),
+                             CopyOp(twin.owner, alloc.seq_id, i * bs, (i + 1) * bs)]
+                self._ref(twin)
+                alloc.blocks[i] = twin
+                block.reset()
+                self.free_list.append(block)
+                continue
+            block.hash, block.tokens, block.owner, block.index = h, block_tokens, alloc.seq_id, i
+            block.parent = alloc.blocks[i - 1] if i else None
+            if block.parent is not None:
+                block.parent.n_children += 1
+            self.cache[h] = block
+            self.owned[alloc.seq_id] = self.owned.get(alloc.seq_id, 0) + 1
+
+    def lookup(self, tokens: Sequence[int]) -> int:
+        """How many leading tokens of `tokens` the cache holds (no side effects)."""
+        return len(self._match(self.hashes(tokens), tokens, 0, len(tokens))) * self.block_size
+
+    # ---- internals ----------------------------------------------------------------------------
+    def _match(self, hashes: list[int], tokens: Sequence[int], start: int,
+               max_reuse: int) -> list[Block]:
+        """Cached blocks for hashes[start:], cut so the reuse ends on the grid and <= max_reuse."""
+        if not self.prefix_caching:
+            return []
+        bs, hit = self.block_size, []
+        for i in range(start, len(hashes)):
+            block = self.cache.get(hashes[i])
+            if block is None or block.tokens != tuple(tokens[i * bs:(i + 1) * bs]):
+                break
+            hit.append(block)
+        end = min((start + len(hit)) * bs, max_reuse) // self.grid * self.grid
+        return hit[:max(0, end // bs - start)]
+
+    def _share(self, alloc: SeqAlloc, hit: list[Block]) -> None:
+        if not hit:
+            return
+        p0 = len(alloc.blocks) * self.block_size
+        for block in hit:
+            self._ref(block)
+            alloc.blocks.append(block)
+        self.ops.append(CopyOp(hit[-1].owner, alloc.seq_id, p0, len(alloc.blocks) * self.block_size))
+
+    def _ref(self, block: Block) -> None:
+        if block.ref_count == 0:
+            del self.evictable[block.id]
+        block.ref_count += 1
+
+    def _take_free_block(self) -> Block:
+        if not self.free_list:
+            self._evict_one()
+        return self.free_list.popleft()
+
+    def _evict_one(self) -> bool:
+        """Evict the least recently used cached leaf block. False if nothing is evictable."""
+        leaf = next((b for b in self.evictable.values() if b.n_children == 0), None)
+        if leaf is None:
+            return False
+        del self.evictable[leaf.id]
+        del self.cache[leaf.hash]
+        owner, bs = leaf.owner, self.block_size
+        self.ops.append(RemoveOp(owner, leaf.index * bs, (leaf.index + 1) * bs))
+        if leaf.parent is not None:
+            leaf.parent.n_children -= 1
+        self.owned[owner] -= 1
+        if self.owned[owner] == 0:
+            del self.owned[owner]
+            if owner not in self.live:
+                self._release_seq_id(owner)
+        leaf.reset()
+        self.free_list.append(leaf)
+        return True
+
+    def _acquire_seq_id(self) -> int | None:
+        while not self.free_seq_ids:
+            if not (self.owned.keys() - self.live) or not self._evict_one():
+                return None
+        return heapq.heappop(self.free_seq_ids)
+
+    def _release_seq_id(self, seq_id: int, had_cells: bool = True) -> None:
+        if had_cells:
+            self.ops.append(RemoveOp(seq_id, 0))
+        heapq.heappush(self.free_seq_ids, seq_id)
+
+    # ---- checks (tests and debugging) -----------------------------------------------------------
+    def check_invariants(self) -> None:
+        refs: dict[int, int] = {}
+        for block in self.blocks:
+            if block.ref_count:
+                refs[block.id] = block.ref_count
+        assert len(self.free_list) + len(self.evictable) + len(refs) == self.num_blocks
+        assert all(b.ref_count == 0 and b.hash is None for b in self.free_list)
+        assert all(b.ref_count == 0 and b.hash is not None for b in self.evictable.values())
+        assert all(self.cache[b.hash] is b for b in self.evictable.values())
+        for h, block in self.cache.items():
+            assert block.hash == h and block.owner is not None
+            assert block.parent is None or block.parent.hash is not None
+        children: dict[int, int] = {}
+        for block in self.cache.values():
+            if block.parent is not None:
+                children[block.parent.id] = children.get(block.parent.id, 0) + 1
+        assert all(b.n_children == children.get(b.id, 0) for b in self.cache.values())
+        owned: dict[int, int] = {}
+        for block in self.cache.values():
+            owned[block.owner] = owned.get(block.owner, 0) + 1
+        assert owned == self.owned
+        assert not (set(self.free_seq_ids) & (self.live | set(self.owned)))
+        assert len(set(self.free_seq_ids)) == len(self.free_seq_ids)
+        assert len(self.free_seq_ids) + len(self.live | set(self.owned)) == self.num_seq_ids
+

@@ -1,0 +1,235 @@
+"""Continuous-batching scheduler for one llama.cpp context.
+
+Each step it plans one batch within a token budget: one decode token for every running sequence
+that is generating, then prompt chunks for sequences still prefilling, then admits waiting
+sequences while sequence slots, seq ids, KV blocks and budget last. It thinks in "tokens computed
+so far": a running sequence needs tokens[num_computed:], and a decode is just one pending token.
+
+Prompt chunks follow a fixed grid: a step computes at most one grid cell [kG, (k+1)G) of a
+sequence's tokens (or the tail), so the pieces a prompt is computed in never depend on what else
+runs, and prefix-cache reuse (which ends on the grid) gives bit-identical results.
+"""
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass, field
+
+from kvcache import BlockManager, DropSavedOp, KVOp, RestoreOp, SaveOp
+from scheduler.policy import Policy
+from scheduler.sequence import Sequence, Status
+
+
+@dataclass
+class Chunk:
+    seq: Sequence
+    start: int
+    end: int
+    claims: list[int] = field(default_factory=list)   # block hashes this chunk computes first
+
+    @property
+    def wants_logits(self) -> bool:
+        return self.end == len(self.seq.tokens)
+
+
+@dataclass
+class StepPlan:
+    chunks: list[Chunk] = field(default_factory=list)
+    ops: list[KVOp] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(c.end - c.start for c in self.chunks)
+
+
+class Scheduler:
+    def __init__(self, manager: BlockManager, policy: Policy, max_seqs: int = 16,
+                 max_batch_tokens: int = 256, preemption: str = "swap"):
+        if max_batch_tokens < max_seqs + manager.grid:
+            raise ValueError(f"max_batch_tokens ({max_batch_tokens}) must be at least max_seqs "
+                             f"({max_seqs}) + prefill chunk ({manager.grid})")
+        if preemption not in ("swap", "recompute"):
+            raise ValueError("preemption must be 'swap' or 'recompute'")
+        self.manager, self.policy = manager, policy
+        self.max_seqs, self.max_batch_tokens, self.preemption = max_seqs, max_batch_tokens, preemption
+        self.waiting: list[Sequence] = []
+        self.running: list[Sequence] = []
+        self.inflight: dict[int, Sequence] = {}   # block hash -> sequence computing it now
+        self.expired: list[Sequence] = []         # ended by their deadline, to be reported
+        self.num_preemptions = 0
+        self._save_keys = itertools.count()
+
+    # ---- queue ----------------------------------------------------------------------------------
+    def add(self, seq: Sequence) -> None:
+        seq.status = Status.WAITING
+        self.waiting.append(seq)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def abort(self, seq: Sequence, reason: str = "abort") -> None:
+        """End a sequence wherever it is: waiting, swapped out, prefilling or decoding."""
+        if seq.status is Status.FINISHED:
+            return
+        if seq in self.waiting:
+            self.waiting.remove(seq)
+            if seq.saved_key is not None:
+                self.manager.ops.append(DropSavedOp(seq.saved_key))
+                seq.saved_key = None
+        self.finish(seq, reason)
+
+    def finish(self, seq: Sequence, reason: str) -> None:
+        if seq in self.running:
+            self.running.remove(seq)
+        if seq.alloc is not None:
+            self.manager.free(seq.alloc)
+            seq.alloc = None
+        seq.status, seq.finish_reason = Status.FINISHED, reason
+
+    # ---- planning -------------------------------------------------------------------------------
+    def schedule(self, now: float | None = None) -> StepPlan:
+        self._expire(time.monotonic() if now is None else now)
+        plan = StepPlan()
+        self.running.sort(key=self.policy.key)
+        for seq in [s for s in self.running if s.is_decoding]:
+            if seq.status is Status.RUNNING:
+                self._plan(seq, 1, plan)
+        for seq in [s for s in self.running if not s.is_decoding]:
+            if seq.status is Status.RUNNING:
+                self._plan_prefill(seq, plan)
+        self._admit(plan)
+        plan.ops = self.manager.take_ops()
+        return plan
+
+    def advance(self, plan: StepPlan) -> None:
+        """The plan's batch was decoded: move progress and register newly filled blocks."""
+        for chunk in plan.chunks:
+            seq = chunk.seq
+            seq.num_computed = chunk.end
+            self.manager.commit(seq.alloc, seq.tokens, seq.num_computed)
+            for h in chunk.claims:
+                if self.inflight.get(h) is seq:
+                    del self.inflight[h]
+
+    def preempt_one(self) -> None:
+        """Preempt the policy's victim (llama_decode found no KV slot after all)."""
+        if self.running:
+            self._preempt(max(self.running, key=self.policy.key), StepPlan())
+
+    def _plan_prefill(self, seq: Sequence, plan: StepPlan) -> bool:
+        budget = self.max_batch_tokens - plan.num_tokens
+        if budget <= 0:
+            return False
+        if not seq.is_decoding:
+            gained = self.manager.extend(seq.alloc, seq.tokens, seq.num_computed,
+                                         len(seq.tokens) - 1)
+            seq.num_computed += gained
+            seq.num_cached_tokens += gained
+        start = seq.num_computed
+        grid = self.manager.grid
+        end = min((start // grid + 1) * grid, len(seq.tokens))
+        if end - start > budget:
+            return False
+        claims = self._claims(seq, start, end)
+        if claims is None:
+            return False
+        return self._plan(seq, end - start, plan, claims)
+
+    def _claims(self, seq: Sequence, start: int, end: int) -> list[int] | None:
+        """Hashes of the full blocks in [start, end) this sequence would compute first, or None
+        when another running sequence is computing one of them now (then ride on its work)."""
+        hashes = seq.alloc.hashes if seq.alloc else []
+        if not self.manager.prefix_caching or not hashes:
+            return []
+        bs = self.manager.block_size
+        mine = hashes[start // bs:min(end // bs, len(hashes))]
+        for h in mine:
+            other = self.inflight.get(h)
+            if other is not None and other is not seq and other.status is Status.RUNNING:
+                return None
+        for h in mine:
+            self.inflight[h] = seq
+        return mine
+
+    def _plan(self, seq: Sequence, n: int, plan: StepPlan, claims: list[int] | None = None) -> bool:
+        """Add n tokens of seq to the plan, preempting by policy when KV blocks run out."""
+        while not self.manager.ensure(seq.alloc, seq.num_computed + n):
+            victim = max(self.running, key=self.policy.key)
+            self._preempt(victim, plan)
+            if victim is seq:
+                self._release_claims(claims or [], seq)
+                return False
+        if seq.first_scheduled_time is None:
+            seq.first_scheduled_time = time.monotonic()
+        plan.chunks.append(Chunk(seq, seq.num_computed, seq.num_computed + n, claims or []))
+        return True
+
+    def _admit(self, plan: StepPlan) -> None:
+        self.waiting.sort(key=self.policy.key)
+        while self.waiting and plan.num_tokens < self.max_batch_tokens:
+            seq = self.waiting[0]
+            if len(self.running) >= self.max_seqs or not self._open(seq):
+                victim = max(self.running, key=self.policy.key) if self.running else None
+                if victim is not None and self.policy.preempts_for(seq, victim):
+                    self._preempt(victim, plan)
+                    continue
+                return
+            self.waiting.pop(0)
+            seq.status = Status.RUNNING
+            self.running.append(seq)
+            if seq.is_decoding:
+                self._plan(seq, 1, plan)
+            else:
+                self._plan_prefill(seq, plan)
+
+    def _open(self, seq: Sequence) -> bool:
+        promised = sum(self.manager.blocks_for(len(s.tokens) + 1) - len(s.alloc.blocks)
+                       for s in self.running)
+        if seq.saved_key is not None:
+            alloc = self.manager.open([], 0, seq.num_computed + 1, extra_blocks=promised)
+            if alloc is None:
+                return False
+            self.manager.ensure(alloc, seq.num_computed)
+            self.manager.ops.append(RestoreOp(seq.saved_key, alloc.seq_id))
+            seq.saved_key = None
+            seq.alloc = alloc
+            self.manager.commit(alloc, seq.tokens, seq.num_computed)
+            return True
+        if seq.hashes is None:
+            seq.hashes = self.manager.hashes(seq.tokens)
+        alloc = self.manager.open(seq.tokens, len(seq.tokens) - 1, len(seq.tokens) + 1,
+                                  seq.hashes, extra_blocks=promised)
+        if alloc is None:
+            return False
+        seq.alloc, seq.num_computed = alloc, alloc.num_cached
+        seq.num_cached_tokens = alloc.num_cached
+        return True
+
+    def _preempt(self, seq: Sequence, plan: StepPlan) -> None:
+        """Take a running sequence off the context: swap its state to RAM or drop it (recompute)."""
+        for chunk in [c for c in plan.chunks if c.seq is seq]:
+            plan.chunks.remove(chunk)
+            self._release_claims(chunk.claims, seq)
+        self.running.remove(seq)
+        if self.preemption == "swap" and seq.num_computed > 0:
+            seq.saved_key = next(self._save_keys)
+            self.manager.ops.append(SaveOp(seq.seq_id, seq.saved_key))
+        else:
+            seq.num_computed, seq.hashes = 0, None
+        self.manager.free(seq.alloc)
+        seq.alloc = None
+        seq.status = Status.WAITING
+        seq.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.append(seq)
+
+    def _release_claims(self, claims: list[int], seq: Sequence) -> None:
+        for h in claims:
+            if self.inflight.get(h) is seq:
+                del self.inflight[h]
+
+    def _expire(self, now: float) -> None:
+        for seq in [s for s in self.waiting + self.running
+                    if s.deadline is not None and s.deadline <= now]:
+            self.abort(seq, "timeout")
+            self.expired.append(seq)

@@ -1,0 +1,66 @@
+"""The scheduler's record of one request: tokens, progress and place in the queue."""
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from kvcache import SeqAlloc
+
+_arrivals = itertools.count()
+
+
+class Status(Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(eq=False)
+class Sequence:
+    """tokens = prompt + generated; num_computed = tokens whose KV is in the context.
+    A running sequence needs tokens[num_computed:] computed: 1 token = a decode step."""
+    prompt: list[int]
+    max_tokens: int
+    priority: int = 0
+    deadline: float | None = None          # time.monotonic() after which it is ended
+    owner: Any = None                      # the engine's request object
+    tokens: list[int] = field(default_factory=list)
+    num_computed: int = 0
+    status: Status = Status.WAITING
+    finish_reason: str | None = None
+    alloc: SeqAlloc | None = None
+    hashes: list[int] | None = None        # chain hashes of the prompt's full blocks
+    saved_key: int | None = None           # state swapped to RAM under this key
+    num_cached_tokens: int = 0             # prompt tokens taken from the prefix cache
+    num_preemptions: int = 0
+    arrival: int = field(default_factory=lambda: next(_arrivals))
+    arrival_time: float = field(default_factory=time.monotonic)
+    first_scheduled_time: float | None = None
+
+    def __post_init__(self) -> None:
+        if not self.tokens:
+            self.tokens = list(self.prompt)
+
+    @property
+    def num_prompt(self) -> int:
+        return len(self.prompt)
+
+    @property
+    def num_output(self) -> int:
+        return len(self.tokens) - len(self.prompt)
+
+    @property
+    def num_pending(self) -> int:
+        return len(self.tokens) - self.num_computed
+
+    @property
+    def is_decoding(self) -> bool:
+        return self.num_pending == 1
+
+    @property
+    def seq_id(self) -> int:
+        assert self.alloc is not None
+        return self.alloc.seq_id

@@ -1,0 +1,114 @@
+"""Configuration from environment variables, and the optional models file (YAML)."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+
+from engine import EngineConfig
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_MODEL = ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+@dataclass
+class ModelSpec:
+    name: str
+    path: Path
+    engine: EngineConfig
+    contexts: int = 1                       # replicas: llama.cpp contexts of this model
+    defaults: dict = field(default_factory=dict)   # per-model default sampling values
+
+
+@dataclass
+class Settings:
+    models: list[ModelSpec]
+    log_level: str = "info"
+    api_key: str | None = None
+
+
+def _env(name: str, default: str) -> str:
+    return os.environ.get(f"PAGEDLLAMA_{name}", default)
+
+
+def _flag(name: str, default: bool) -> bool:
+    return _env(name, "1" if default else "0").strip().lower() in ("1", "true", "yes", "on")
+
+
+def engine_from_env() -> EngineConfig:
+    return EngineConfig(
+        n_ctx=int(_env("N_CTX", "2048")),
+        max_seqs=int(_env("MAX_SEQS", "16")),
+        n_threads=int(_env("THREADS", str(os.cpu_count() or 2))),
+        max_batch_tokens=int(_env("MAX_BATCH_TOKENS", "256")),
+        block_size=int(_env("BLOCK_SIZE", "16")),
+        prefill_chunk=int(_env("PREFILL_CHUNK", "64")),
+        prefix_caching=_flag("PREFIX_CACHING", True),
+        kv_unified=_flag("KV_UNIFIED", False),
+        scheduler=_env("SCHEDULER", "fifo"),
+        preemption=_env("PREEMPTION", "swap"),
+        max_queue=int(_env("MAX_QUEUE", "256")),
+        cache_seqs=int(_env("CACHE_SEQS", "16")),
+    )
+
+
+def model_name(path: Path) -> str:
+    return path.name.removesuffix(".gguf")
+
+
+def load_settings() -> Settings:
+    base = engine_from_env()
+    models_file = _env("MODELS_FILE", "")
+    if models_file:
+        models = _models_from_file(Path(models_file), base)
+    else:
+        path = Path(_env("MODEL", str(DEFAULT_MODEL)))
+        models = [ModelSpec(_env("MODEL_NAME", model_name(path)), path, base,
+                            int(_env("CONTEXTS", "1")))]
+    _partition_threads(models)
+    return Settings(models, _env("LOG_LEVEL", "info"), os.environ.get("PAGEDLLAMA_API_KEY"))
+
+
+_ENGINE_KEYS = {f.name for f in fields(EngineConfig)}
+_ALIASES = {"context_size": "n_ctx", "ctx_size": "n_ctx", "sequences": "max_seqs",
+            "threads": "n_threads"}
+
+
+def _models_from_file(path: Path, base: EngineConfig) -> list[ModelSpec]:
+    import yaml
+
+    doc = yaml.safe_load(path.read_text()) or {}
+    entries = doc.get("models") if isinstance(doc, dict) else None
+    if not isinstance(entries, list) or not entries:
+        raise ValueError(f"{path}: expected a top-level 'models:' list")
+    specs, names = [], set()
+    for i, entry in enumerate(entries):
+        if not isinstance(entry, dict) or "name" not in entry or "path" not in entry:
+            raise ValueError(f"{path}: models[{i}] needs 'name' and 'path'")
+        entry = dict(entry)
+        name, model_path = str(entry.pop("name")), Path(entry.pop("path"))
+        if name in names:
+            raise ValueError(f"{path}: model name {name!r} appears twice")
+        names.add(name)
+        if not model_path.is_absolute():
+            model_path = (path.parent / model_path).resolve()
+        contexts = int(entry.pop("contexts", 1))
+        defaults = dict(entry.pop("defaults", {}) or {})
+        overrides = {_ALIASES.get(k, k): v for k, v in entry.items()}
+        unknown = set(overrides) - _ENGINE_KEYS
+        if unknown:
+            raise ValueError(f"{path}: models[{i}] has unknown keys {sorted(unknown)}")
+        specs.append(ModelSpec(name, model_path, replace(base, **overrides), contexts, defaults))
+    return specs
+
+
+def _partition_threads(models: list[ModelSpec]) -> None:
+    """Contexts together never use more threads than there are cores."""
+    cores = os.cpu_count() or 1
+    total = sum(m.engine.n_threads * m.contexts for m in models)
+    if total <= cores:
+        return
+    n_contexts = sum(m.contexts for m in models)
+    per_context = max(1, cores // n_contexts)
+    for m in models:
+        m.engine = replace(m.engine, n_threads=min(m.engine.n_threads, per_context))

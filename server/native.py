@@ -1,0 +1,59 @@
+"""Native routes: POST /generate_stream (SSE) and GET /health."""
+from __future__ import annotations
+
+import json
+from typing import AsyncIterator
+
+from fastapi import APIRouter, Request as HTTPRequest
+from fastapi.responses import JSONResponse
+from sse_starlette.sse import EventSourceResponse
+
+from engine import Request, Worker
+from server.errors import error_body
+from server.schemas import GenerateRequest
+from server.service import Service
+
+router = APIRouter()
+
+
+@router.get("/health")
+async def health(http: HTTPRequest):
+    svc: Service | None = getattr(http.app.state, "service", None)
+    if svc is None or not svc.models:
+        return JSONResponse({"status": "loading", "models": {}}, status_code=503)
+    models = {name: {"loaded": True, "contexts": len(lm.workers),
+                     "running": sum(len(w.scheduler.running) for w in lm.workers),
+                     "waiting": sum(len(w.scheduler.waiting) for w in lm.workers)}
+              for name, lm in svc.models.items()}
+    return {"status": "ok", "models": models}
+
+
+@router.post("/generate_stream")
+async def generate_stream(body: GenerateRequest, http: HTTPRequest):
+    """SSE: one `token` event per piece of text ({"text": ...}), then one `done` event with the
+    finish reason, token counts and timings (or an `error` event). The prompt is sent as a user
+    message through the model's chat template when it has one, unless "raw": true."""
+    svc: Service = http.app.state.service
+    lm = svc.get(body.model or next(iter(svc.models)))
+    if lm.template is not None and not body.raw:   # an instruction, as a one-message chat
+        prompt = await svc.chat_prompt(lm, [{"role": "user", "content": body.prompt}])
+    else:
+        prompt = await svc.text_prompt(lm, body.prompt)
+    worker, req = svc.submit(lm, prompt, body, body.max_tokens)
+    return EventSourceResponse(_events(svc, worker, req, http), ping=15, sep="\n")
+
+
+async def _events(svc: Service, worker: Worker, req: Request,
+                  http: HTTPRequest) -> AsyncIterator[dict]:
+    async for event in svc.events(worker, req, http):
+        if event.error:
+            yield {"event": "error", "data": json.dumps(error_body(500, event.error, "engine_error"))}
+            return
+        if event.text:
+            yield {"event": "token", "data": json.dumps({"text": event.text}, ensure_ascii=False)}
+        if event.finish_reason:
+            ttft = req.first_token_time - req.arrival_time if req.first_token_time else None
+            yield {"event": "done", "data": json.dumps({
+                "finish_reason": event.finish_reason, "prompt_tokens": len(req.prompt),
+                "completion_tokens": req.num_output, "cached_tokens": req.num_cached,
+                "ttft_s": ttft, "total_s": req.finish_time - req.arrival_time})}

@@ -1,0 +1,177 @@
+"""The models this process serves, their contexts (workers), and one request's life cycle."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import AsyncIterator
+
+from fastapi import Request as HTTPRequest
+
+from engine import (ChatTemplate, ChatTemplateError, Event, Model, Observer, QueueFull, Request,
+                    SamplingParams, Worker)
+from engine.gguf_info import gguf_facts
+from scheduler.router import pick_replica
+from server.config import ModelSpec, Settings
+from server.errors import APIError
+from server.schemas import SamplingFields
+
+log = logging.getLogger("pagedllama.request")
+
+
+@dataclass
+class LoadedModel:
+    spec: ModelSpec
+    model: Model
+    workers: list[Worker]
+    facts: dict
+    template: ChatTemplate | None
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def max_seq_len(self) -> int:
+        return min(w.max_seq_len for w in self.workers)
+
+
+class Service:
+    def __init__(self, settings: Settings, observer: Observer | None = None):
+        self.settings, self.observer = settings, observer
+        self.models: dict[str, LoadedModel] = {}
+
+    def start(self) -> None:
+        loaded: dict[str, Model] = {}
+        for spec in self.settings.models:
+            key = str(spec.path.resolve())
+            model = loaded.get(key) or Model(spec.path)
+            loaded[key] = model
+            workers = [Worker(f"{spec.name}/{i}", model, spec.engine, self.observer)
+                       for i in range(spec.contexts)]
+            template = None
+            if model.chat_template:
+                template = ChatTemplate(model.chat_template, model.token_text(model.bos_id),
+                                        model.token_text(model.eos_id))
+            self.models[spec.name] = LoadedModel(spec, model, workers, gguf_facts(spec.path),
+                                                 template)
+            for w in workers:
+                w.start()
+            log.info("serving %s from %s: %d context(s) x %d threads, n_ctx %d, %d sequences, "
+                     "%s KV", spec.name, spec.path, spec.contexts, spec.engine.n_threads,
+                     spec.engine.n_ctx, spec.engine.max_seqs,
+                     "unified" if spec.engine.kv_unified else "split")
+
+    def stop(self) -> None:
+        for lm in self.models.values():
+            for w in lm.workers:
+                w.stop()
+        for model in {id(lm.model): lm.model for lm in self.models.values()}.values():
+            model.close()
+
+    @property
+    def workers(self) -> list[Worker]:
+        return [w for lm in self.models.values() for w in lm.workers]
+
+    def get(self, name: str | None) -> LoadedModel:
+        lm = self.models.get(name or "")
+        if lm is None:
+            raise APIError(404, f"The model '{name}' does not exist. Available: "
+                           f"{', '.join(self.models)}", "model_not_found", "model")
+        return lm
+
+    # ---- prompts --------------------------------------------------------------------------------
+    async def chat_prompt(self, lm: LoadedModel, messages: list[dict]) -> list[int]:
+        if lm.template is None:
+            raise APIError(400, f"The model '{lm.name}' has no chat template in its GGUF file; "
+                           "use /v1/completions with a plain prompt", "no_chat_template")
+        try:
+            text = lm.template.render(messages)
+        except ChatTemplateError as exc:
+            raise APIError(400, str(exc), "chat_template_error", "messages") from exc
+        add_special = not (lm.template.bos_token and text.startswith(lm.template.bos_token))
+        return await asyncio.to_thread(lm.model.tokenize, text, add_special)
+
+    async def text_prompt(self, lm: LoadedModel, text: str) -> list[int]:
+        return await asyncio.to_thread(lm.model.tokenize, text, True)
+
+    # ---- one request --------------------------------------------------------------------------
+    def submit(self, lm: LoadedModel, prompt: list[int], body: SamplingFields,
+               max_tokens: int | None) -> tuple[Worker, Request]:
+        if not prompt:
+            raise APIError(400, "the prompt is empty", "empty_prompt", "prompt")
+        if any(t < 0 or t >= lm.model.n_vocab for t in prompt):
+            raise APIError(400, f"prompt token ids must be in [0, {lm.model.n_vocab})",
+                           "invalid_token", "prompt")
+        limit = lm.max_seq_len
+        needed = len(prompt) + (max_tokens or 1)
+        if needed > limit:
+            raise APIError(400, f"This model's maximum context length is {limit} tokens. However, "
+                           f"you requested {needed} tokens ({len(prompt)} in the prompt, "
+                           f"{max_tokens or 1} for the completion). Please reduce the prompt or "
+                           "max_tokens.", "context_length_exceeded", "max_tokens")
+        params = self._sampling(lm, body, max_tokens)
+        worker = pick_replica(lm.workers, prompt)
+        req = Request(prompt, params, body.priority, body.timeout)
+        try:
+            worker.submit(req)
+        except QueueFull as exc:
+            raise APIError(429, f"The server is overloaded ({exc}); retry shortly.",
+                           "rate_limit_exceeded", headers={"Retry-After": "1"}) from exc
+        return worker, req
+
+    def _sampling(self, lm: LoadedModel, body: SamplingFields, max_tokens: int | None) -> SamplingParams:
+        d = lm.spec.defaults
+
+        def pick(name: str, fallback):
+            value = getattr(body, name)
+            return value if value is not None else d.get(name, fallback)
+
+        top_k = pick("top_k", 0)
+        return SamplingParams(
+            max_tokens=max_tokens, temperature=pick("temperature", 1.0),
+            top_k=max(0, top_k), top_p=pick("top_p", 1.0), min_p=pick("min_p", 0.0),
+            seed=body.seed, repetition_penalty=pick("repetition_penalty", 1.0),
+            presence_penalty=pick("presence_penalty", 0.0),
+            frequency_penalty=pick("frequency_penalty", 0.0),
+            stop=body.stop_list(), ignore_eos=body.ignore_eos)
+
+    async def events(self, worker: Worker, req: Request, http: HTTPRequest,
+                     poll_disconnect: bool = False) -> AsyncIterator[Event]:
+        """The request's events until it finishes. Leaving early (the client went away, or the
+        stream was cancelled) cancels the request in the engine, which frees its KV."""
+        status = "ok"
+        try:
+            while True:
+                if poll_disconnect:
+                    try:
+                        event = await asyncio.wait_for(req.queue.get(), timeout=0.5)
+                    except asyncio.TimeoutError:
+                        if await http.is_disconnected():
+                            status = "disconnected"
+                            return
+                        continue
+                else:
+                    event = await req.queue.get()
+                if event.error:
+                    status = "error"
+                yield event
+                if event.finish_reason:
+                    return
+        except (asyncio.CancelledError, GeneratorExit):
+            status = "disconnected"
+            raise
+        finally:
+            if req.finish_reason is None or status == "disconnected":
+                worker.cancel(req)
+            self._log(http, worker, req, status)
+
+    def _log(self, http: HTTPRequest, worker: Worker, req: Request, status: str) -> None:
+        now = time.monotonic()
+        ttft = f"{req.first_token_time - req.arrival_time:.3f}s" if req.first_token_time else "-"
+        log.info("%s %s %s model=%s prompt=%d cached=%d completion=%d ttft=%s total=%.3fs "
+                 "finish=%s", http.method, http.url.path, status, worker.name, len(req.prompt),
+                 req.num_cached, req.num_output, ttft, now - req.arrival_time,
+                 req.finish_reason or "cancelled")

@@ -1,0 +1,224 @@
+"""BlockManager behaviour, checked against a fake unified KV cache that applies its ops."""
+from hypothesis import settings, strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from kvcache import BlockManager, CopyOp
+from tests.fakes import FakeKV
+
+BS = 4
+
+
+def make(num_blocks=16, seq_ids=8, caching=True, grid=BS, share_cells=True):
+    return (BlockManager(num_blocks, BS, seq_ids, caching, grid, share_cells),
+            FakeKV(num_blocks * BS))
+
+
+def compute(manager, kv, alloc, tokens, start, end):
+    """Apply pending ops, then 'decode' tokens[start:end] the way the engine would."""
+    assert manager.ensure(alloc, end)
+    kv.apply(manager.take_ops())
+    for pos in range(start, end):
+        kv.write(alloc.seq_id, pos, tuple(tokens[:pos + 1]))
+    manager.commit(alloc, tokens, end)
+    kv.apply(manager.take_ops())
+
+
+def test_fresh_sequence_gets_no_cached_tokens():
+    manager, kv = make()
+    alloc = manager.open(list(range(10)), 9, 11)
+    assert alloc.num_cached == 0 and manager.take_ops() == []
+
+
+def test_second_sequence_reuses_full_blocks_of_the_first():
+    manager, kv = make()
+    tokens = list(range(10))
+    a = manager.open(tokens, 9, 11)
+    compute(manager, kv, a, tokens, 0, 10)
+    b = manager.open(tokens, 9, 11)
+    assert b.num_cached == 8
+    assert manager.take_ops() == [CopyOp(a.seq_id, b.seq_id, 0, 8)]
+
+
+def test_last_prompt_token_is_always_recomputed():
+    manager, kv = make()
+    tokens = list(range(8))
+    a = manager.open(tokens, 7, 9)
+    compute(manager, kv, a, tokens, 0, 8)
+    b = manager.open(tokens, 7, 9)
+    assert b.num_cached == 4
+
+
+def test_reuse_stops_on_the_prefill_grid():
+    manager, kv = make(grid=2 * BS)
+    tokens = list(range(14))
+    a = manager.open(tokens, 13, 15)
+    compute(manager, kv, a, tokens, 0, 14)
+    assert manager.open(tokens, 13, 15).num_cached == 8
+
+
+def test_a_block_differing_in_one_token_is_a_miss():
+    manager, kv = make()
+    a_tokens = list(range(10))
+    a = manager.open(a_tokens, 9, 11)
+    compute(manager, kv, a, a_tokens, 0, 10)
+    b_tokens = [0, 1, 2, 99] + list(range(4, 10))
+    assert manager.open(b_tokens, 9, 11).num_cached == 0
+
+
+def test_finished_sequence_stays_cached_as_holder():
+    manager, kv = make()
+    tokens = list(range(10))
+    a = manager.open(tokens, 9, 11)
+    compute(manager, kv, a, tokens, 0, 10)
+    manager.free(a)
+    kv.apply(manager.take_ops())
+    assert manager.num_cached_blocks == 2 and manager.num_used_blocks == 0
+    assert kv.used_cells == 8   # the partial tail block was removed, the full ones kept
+    b = manager.open(tokens, 9, 11)
+    kv.apply(manager.take_ops())
+    assert b.num_cached == 8 and kv.read(b.seq_id) == [tuple(tokens[:p + 1]) for p in range(8)]
+
+
+def test_eviction_takes_tail_blocks_first_and_releases_the_holder():
+    manager, kv = make(num_blocks=4, seq_ids=2)
+    tokens = list(range(12))
+    a = manager.open(tokens, 11, 13)
+    compute(manager, kv, a, tokens, 0, 12)
+    manager.free(a)
+    kv.apply(manager.take_ops())
+    other = list(range(100, 108))
+    b = manager.open(other, 7, 9)
+    compute(manager, kv, b, other, 0, 8)     # needs 2 blocks: 1 free + 1 evicted (the tail)
+    assert manager.lookup(tokens) == 8
+    c = manager.open(list(range(200, 204)), 3, 5)   # evicts until the seq id of a is released
+    assert c is not None and manager.lookup(tokens) == 0
+    kv.apply(manager.take_ops())
+    assert a.seq_id not in kv.seqs or not kv.seqs[a.seq_id]
+    manager.check_invariants()
+
+
+def test_caching_off_frees_everything():
+    manager, kv = make(caching=False)
+    tokens = list(range(10))
+    a = manager.open(tokens, 9, 11)
+    compute(manager, kv, a, tokens, 0, 10)
+    manager.free(a)
+    kv.apply(manager.take_ops())
+    assert manager.num_free_blocks == manager.num_blocks and kv.used_cells == 0
+    assert manager.open(tokens, 9, 11).num_cached == 0
+
+
+def test_twin_block_computed_twice_is_deduplicated():
+    manager, kv = make()
+    tokens = list(range(8))
+    a = manager.open(tokens, 7, 9)
+    b = manager.open(tokens, 7, 9)
+    compute(manager, kv, a, tokens, 0, 8)
+    compute(manager, kv, b, tokens, 0, 8)
+    assert a.blocks[0] is b.blocks[0] and a.blocks[0].ref_count == 2
+    assert kv.used_cells == 8
+    manager.check_invariants()
+
+
+def test_open_fails_without_blocks_and_leaves_no_trace():
+    manager, kv = make(num_blocks=2)
+    assert manager.open(list(range(20)), 19, 21) is None
+    assert manager.num_free_blocks == 2 and len(manager.free_seq_ids) == 8
+    assert manager.take_ops() == []
+
+
+class ManagerMachine(RuleBasedStateMachine):
+    """Random interleavings of open / compute / fork (shared prefix) / finish / evict."""
+    share_cells = True
+
+    def __init__(self):
+        super().__init__()
+        self.manager, self.kv = make(num_blocks=24, seq_ids=6, share_cells=self.share_cells)
+        self.live = []   # (alloc, tokens, computed)
+
+    @rule(prefix=st.integers(0, 3), length=st.integers(1, 14), salt=st.integers(0, 2))
+    def open(self, prefix, length, salt):
+        tokens = [7, 8, 9, 10, 11, 12, 13, 14][:prefix * 2] + [salt * 50 + i for i in range(length)]
+        alloc = self.manager.open(tokens, len(tokens) - 1, len(tokens) + 1)
+        self.kv.apply(self.manager.take_ops())   # eviction may emit ops even when open fails
+        if alloc is not None:
+            assert self.kv.read(alloc.seq_id) == [tuple(tokens[:p + 1]) for p in range(alloc.num_cached)]
+            self.live.append([alloc, tokens, alloc.num_cached])
+
+    @precondition(lambda self: self.live)
+    @rule(i=st.integers(0, 10), n=st.integers(1, 6))
+    def compute_some(self, i, n):
+        entry = self.live[i % len(self.live)]
+        alloc, tokens, done = entry
+        if done >= len(tokens):
+            tokens.append(1000 + len(tokens))   # a generated token
+        end = min(len(tokens), done + n)
+        if not self.manager.ensure(alloc, end):
+            return
+        compute(self.manager, self.kv, alloc, tokens, done, end)
+        entry[2] = end
+
+    @precondition(lambda self: self.live)
+    @rule(i=st.integers(0, 10))
+    def finish(self, i):
+        alloc, _, _ = self.live.pop(i % len(self.live))
+        self.manager.free(alloc)
+        self.kv.apply(self.manager.take_ops())
+
+    @rule()
+    def evict(self):
+        self.manager._evict_one()
+        self.kv.apply(self.manager.take_ops())
+
+    @invariant()
+    def books_balance(self):
+        m = self.manager
+        m.check_invariants()
+        refs = {}
+        for alloc, _, _ in self.live:
+            for block in alloc.blocks:
+                refs[block.id] = refs.get(block.id, 0) + 1
+        assert all(b.ref_count == refs.get(b.id, 0) for b in m.blocks)
+        assert m.num_free_blocks + m.num_used_blocks == m.num_blocks
+        assert self.kv.used_cells <= (m.num_blocks - len(m.free_list)) * BS
+
+    @invariant()
+    def every_live_sequence_sees_its_own_tokens(self):
+        for alloc, tokens, done in self.live:
+            assert self.kv.read(alloc.seq_id) == [tuple(tokens[:p + 1]) for p in range(done)]
+
+
+class SplitKVManagerMachine(ManagerMachine):
+    """The same with split KV: no twin sharing, finished sequences move to high seq ids."""
+    share_cells = False
+
+
+TestManagerMachine = ManagerMachine.TestCase
+TestManagerMachine.settings = settings(max_examples=60, stateful_step_count=40, deadline=None)
+TestSplitKVManagerMachine = SplitKVManagerMachine.TestCase
+TestSplitKVManagerMachine.settings = TestManagerMachine.settings
+
+
+def test_split_kv_holder_moves_to_the_highest_free_seq_id():
+    manager, kv = make(seq_ids=4, share_cells=False)
+    tokens = list(range(10))
+    a = manager.open(tokens, 9, 11)
+    compute(manager, kv, a, tokens, 0, 10)
+    manager.free(a)
+    assert manager.take_ops()[0] == CopyOp(a.seq_id, 3, 0, 8)
+    assert manager.owned == {3: 2} and manager.open(tokens, 9, 11).seq_id == 0
+
+
+def test_everything_returns_after_all_sequences_end():
+    manager, kv = make()
+    for salt in range(5):
+        tokens = [1, 2, 3, 4, 5, 6, 7, 8] + [salt] * 5
+        alloc = manager.open(tokens, len(tokens) - 1, len(tokens) + 1)
+        compute(manager, kv, alloc, tokens, alloc.num_cached, len(tokens))
+        manager.free(alloc)
+        kv.apply(manager.take_ops())
+    while manager._evict_one():
+        pass
+    kv.apply(manager.take_ops())
+    assert kv.used_cells == 0 and len(manager.free_list) == manager.num_blocks
+    assert sorted(manager.free_seq_ids) == list(range(manager.num_seq_ids))
