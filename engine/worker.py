@@ -153,6 +153,16 @@ class Worker:
         self.inbox.append(("cancel", req))
         self.wakeup.set()
 
+    def snapshot(self) -> dict:
+        """Counts for /health, /stats and tests (plain reads; may be one step stale)."""
+        m, s = self.manager, self.scheduler
+        return {"name": self.name, "running": len(s.running), "waiting": len(s.waiting),
+                "outstanding": self.outstanding, "steps": self.steps,
+                "kv_used_blocks": m.num_used_blocks, "kv_total_blocks": m.num_blocks,
+                "kv_cached_blocks": m.num_cached_blocks, "live_seqs": len(m.live),
+                "prefix_query_tokens": m.query_tokens, "prefix_hit_tokens": m.hit_tokens,
+                "num_preemptions": s.num_preemptions, "failed": self.failed}
+
     def cached_prefix(self, tokens: list[int]) -> int:
         """Tokens of this prompt the context's prefix cache holds (a racy, read-only peek)."""
         try:

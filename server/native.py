@@ -21,9 +21,7 @@ async def health(http: HTTPRequest):
     svc: Service | None = getattr(http.app.state, "service", None)
     if svc is None or not svc.models:
         return JSONResponse({"status": "loading", "models": {}}, status_code=503)
-    models = {name: {"loaded": True, "contexts": len(lm.workers),
-                     "running": sum(len(w.scheduler.running) for w in lm.workers),
-                     "waiting": sum(len(w.scheduler.waiting) for w in lm.workers)}
+    models = {name: {"loaded": True, "contexts": [w.snapshot() for w in lm.workers]}
               for name, lm in svc.models.items()}
     return {"status": "ok", "models": models}
 

@@ -1,0 +1,60 @@
+"""Start a real `uvicorn server.main:app` in a subprocess for integration tests."""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+MODELS = ROOT / "models"
+SMOLLM2 = MODELS / "SmolLM2-135M-Instruct.Q4_1.gguf"
+GEMMA3 = MODELS / "gemma-3-270m-q4_k_m.gguf"
+SMOLLM2_NAME = "SmolLM2-135M-Instruct.Q4_1"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def running_server(env: dict[str, str] | None = None, startup_timeout: float = 120.0):
+    """Yields the base URL (http://127.0.0.1:PORT) of a fresh server with these env overrides.
+    The server's log is kept in a temp file and printed if startup fails."""
+    port = free_port()
+    full_env = {**os.environ, "PAGEDLLAMA_LOG_LEVEL": "info", **(env or {})}
+    log_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"pagedllama-test-{port}.log"
+    log = log_path.open("w")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "uvicorn", "server.main:app", "--host", "127.0.0.1",
+         "--port", str(port), "--no-access-log"],
+        cwd=ROOT, env=full_env, stdout=log, stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + startup_timeout
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"server exited ({proc.returncode}):\n{log_path.read_text()}")
+            try:
+                if httpx.get(f"{base}/health", timeout=1.0).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"server did not start:\n{log_path.read_text()}")
+            time.sleep(0.2)
+        yield base
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
