@@ -173,12 +173,12 @@ class Worker:
     # ---- worker thread ---------------------------------------------------------------------------
     def _run(self) -> None:
         while not self._stop:
-            self._drain_inbox()
-            if not self.scheduler.has_work():
-                self.wakeup.wait()
-                self.wakeup.clear()
-                continue
             try:
+                self._drain_inbox()
+                if not self.scheduler.has_work():
+                    self.wakeup.wait()
+                    self.wakeup.clear()
+                    continue
                 self._step()
             except Exception as exc:   # a broken context fails its own requests, nothing else
                 log.exception("engine %s step failed", self.name)

@@ -4,10 +4,9 @@ from __future__ import annotations
 import logging
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi import Depends, FastAPI, Request
 
-from server import errors, native, openai_api
+from server import errors, native, observability, openai_api
 from server.config import load_settings
 from server.service import Service
 
@@ -42,18 +41,19 @@ async def lifespan(app: FastAPI):
         service.stop()
 
 
+async def require_api_key(request: Request) -> None:
+    """With PAGEDLLAMA_API_KEY set, generation and model routes need `Authorization: Bearer KEY`.
+    (A dependency, not an HTTP middleware: BaseHTTPMiddleware hides client disconnects.)"""
+    key = request.app.state.settings.api_key
+    if key and request.headers.get("authorization") != f"Bearer {key}":
+        raise errors.APIError(401, "invalid or missing API key", "invalid_api_key")
+
+
 app = FastAPI(title="pagedllama", lifespan=lifespan)
 errors.install(app)
-app.include_router(openai_api.router)
-app.include_router(native.router)
+app.include_router(openai_api.router, dependencies=[Depends(require_api_key)])
+app.include_router(native.router, dependencies=[Depends(require_api_key)])
+app.include_router(native.public)
+app.include_router(observability.router)
 
 
-@app.middleware("http")
-async def api_key_auth(request: Request, call_next):
-    settings = getattr(request.app.state, "settings", None)
-    key = settings.api_key if settings else None
-    if key and request.url.path.startswith("/v1") or key and request.url.path == "/generate_stream":
-        if request.headers.get("authorization") != f"Bearer {key}":
-            return JSONResponse(errors.error_body(401, "invalid or missing API key",
-                                                  "invalid_api_key"), status_code=401)
-    return await call_next(request)

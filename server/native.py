@@ -14,9 +14,10 @@ from server.schemas import GenerateRequest
 from server.service import Service
 
 router = APIRouter()
+public = APIRouter()
 
 
-@router.get("/health")
+@public.get("/health")
 async def health(http: HTTPRequest):
     svc: Service | None = getattr(http.app.state, "service", None)
     if svc is None or not svc.models:

@@ -142,16 +142,18 @@ class Service:
                      poll_disconnect: bool = False) -> AsyncIterator[Event]:
         """The request's events until it finishes. Leaving early (the client went away, or the
         stream was cancelled) cancels the request in the engine, which frees its KV."""
-        status = "ok"
+        status, next_check = "ok", time.monotonic() + 0.5
         try:
             while True:
-                if poll_disconnect:
-                    try:
-                        event = await asyncio.wait_for(req.queue.get(), timeout=0.5)
-                    except asyncio.TimeoutError:
+                if poll_disconnect:   # nothing is being sent: ask the server about the client
+                    if time.monotonic() >= next_check:
+                        next_check = time.monotonic() + 0.5
                         if await http.is_disconnected():
                             status = "disconnected"
                             return
+                    try:
+                        event = await asyncio.wait_for(req.queue.get(), timeout=0.5)
+                    except asyncio.TimeoutError:
                         continue
                 else:
                     event = await req.queue.get()

@@ -1,0 +1,257 @@
+"""Scheduler behaviour with a fake engine (FakeKV applies KV ops; 'decoding' writes cells)."""
+import pytest
+
+from kvcache import BlockManager
+from scheduler import Scheduler, Sequence, Status, make_policy
+from tests.fakes import FakeKV
+
+BS = 4
+
+
+def make(policy="fifo", max_seqs=4, budget=24, blocks=64, grid=BS, preemption="swap",
+         seq_ids=8, caching=True):
+    manager = BlockManager(blocks, BS, seq_ids, caching, grid)
+    return Scheduler(manager, make_policy(policy), max_seqs, budget, preemption), FakeKV(blocks * BS)
+
+
+def step(sched, kv, next_token=lambda seq: 1000 + seq.num_output, now=None):
+    """One engine step: plan, apply ops, 'decode', advance, append sampled tokens."""
+    plan = sched.schedule(now)
+    kv.apply(plan.ops)
+    for c in plan.chunks:
+        for pos in range(c.start, c.end):
+            kv.write(c.seq.seq_id, pos, tuple(c.seq.tokens[:pos + 1]))
+    sched.advance(plan)
+    for c in plan.chunks:
+        if c.wants_logits:
+            c.seq.tokens.append(next_token(c.seq))
+            if c.seq.num_output >= c.seq.max_tokens:
+                sched.finish(c.seq, "length")
+    kv.apply(sched.manager.take_ops())
+    return plan
+
+
+def seq(n_prompt, max_tokens=4, priority=0, base=0, deadline=None):
+    return Sequence([base + i for i in range(n_prompt)], max_tokens, priority, deadline)
+
+
+def run_to_end(sched, kv, limit=500):
+    for _ in range(limit):
+        if not sched.has_work():
+            return
+        step(sched, kv)
+    raise AssertionError("did not finish")
+
+
+def test_fifo_admits_in_arrival_order():
+    sched, kv = make(max_seqs=1)
+    a, b = seq(3, base=0), seq(3, base=100)
+    sched.add(a)
+    sched.add(b)
+    step(sched, kv)
+    assert sched.running == [a] and sched.waiting == [b]
+
+
+def test_priority_admits_lower_value_first_and_ties_by_arrival():
+    sched, kv = make("priority", max_seqs=1)
+    low, high1, high2 = seq(3, priority=10), seq(3, priority=0, base=100), seq(3, priority=0, base=200)
+    for s in (low, high1, high2):
+        sched.add(s)
+    step(sched, kv)
+    assert sched.running == [high1]
+    assert [s for s in sorted(sched.waiting, key=sched.policy.key)] == [high2, low]
+
+
+def test_shortest_prompt_first_admits_the_short_prompt():
+    sched, kv = make("spf", max_seqs=1)
+    long, short = seq(12), seq(2, base=100)
+    sched.add(long)
+    sched.add(short)
+    step(sched, kv)
+    assert sched.running == [short]
+
+
+def test_unknown_policy_is_rejected():
+    with pytest.raises(ValueError):
+        make_policy("random")
+
+
+def test_decodes_are_planned_before_prompt_chunks():
+    sched, kv = make(max_seqs=2, budget=2 + BS, grid=BS)
+    a = seq(2, max_tokens=10)
+    sched.add(a)
+    step(sched, kv)                       # a prefilled, now decoding
+    b = seq(20, base=100)
+    sched.add(b)
+    plan = step(sched, kv)
+    assert [(c.seq, c.end - c.start) for c in plan.chunks] == [(a, 1), (b, 4)]
+
+
+def test_prompt_chunks_follow_the_grid_and_respect_the_budget():
+    sched, kv = make(max_seqs=1, budget=2 * BS + 1, grid=2 * BS)
+    s = seq(19)
+    sched.add(s)
+    spans = []
+    while s.num_computed < 19:
+        plan = step(sched, kv)
+        spans += [(c.start, c.end) for c in plan.chunks]
+    assert spans == [(0, 8), (8, 16), (16, 19)]
+
+
+def test_budget_too_small_for_decodes_plus_a_chunk_is_rejected():
+    with pytest.raises(ValueError):
+        make(max_seqs=8, budget=8, grid=BS)
+
+
+def test_running_decodes_are_never_starved_by_a_long_prompt():
+    sched, kv = make(max_seqs=4, budget=4 + BS, grid=BS)
+    streams = [seq(2, max_tokens=50, base=100 * i) for i in range(3)]
+    for s in streams:
+        sched.add(s)
+    while any(s.num_output == 0 for s in streams):
+        step(sched, kv)
+    sched.add(seq(60, base=9000))
+    for _ in range(10):
+        before = [s.num_output for s in streams]
+        step(sched, kv)
+        assert [s.num_output for s in streams] == [b + 1 for b in before]
+
+
+def test_finished_sequence_frees_its_slot_and_blocks():
+    sched, kv = make()
+    s = seq(5, max_tokens=3)
+    sched.add(s)
+    run_to_end(sched, kv)
+    assert s.status is Status.FINISHED and s.num_output == 3
+    assert sched.manager.num_used_blocks == 0 and not sched.manager.live
+
+
+@pytest.mark.parametrize("where", ["waiting", "prefilling", "decoding", "swapped"])
+def test_cancel_works_in_every_state(where):
+    sched, kv = make(max_seqs=1, blocks=12, budget=1 + BS)
+    s = seq(12, max_tokens=20)
+    if where == "swapped":
+        sched = make("priority", max_seqs=1, blocks=12, budget=1 + BS)[0]
+        s.priority = 5
+    sched.add(s)
+    if where == "prefilling":
+        step(sched, kv)
+        assert 0 < s.num_computed < 12
+    elif where == "decoding":
+        while s.num_output == 0:
+            step(sched, kv)
+    elif where == "swapped":
+        while s.num_output == 0:
+            step(sched, kv)
+        sched.add(seq(4, priority=0, base=500))
+        step(sched, kv)
+        assert s.saved_key is not None and s in sched.waiting
+    sched.abort(s)
+    kv.apply(sched.manager.take_ops())
+    assert s.status is Status.FINISHED and s not in sched.waiting and s not in sched.running
+    assert s.alloc is None
+    if where == "swapped":
+        assert kv.saved == {}
+    run_to_end(sched, kv)
+    assert sched.manager.num_used_blocks == 0
+
+
+def test_kv_exhaustion_preempts_the_newest_under_fifo():
+    sched, kv = make(max_seqs=4, blocks=6, budget=4 + BS)
+    old, new = seq(4, max_tokens=12, base=0), seq(4, max_tokens=12, base=100)
+    sched.add(old)
+    sched.add(new)
+    while not sched.num_preemptions:
+        step(sched, kv)
+    assert new.num_preemptions == 1 and old.num_preemptions == 0
+
+
+def test_kv_exhaustion_preempts_the_lowest_priority_under_priority():
+    sched, kv = make("priority", max_seqs=4, blocks=6, budget=4 + BS)
+    vip, bulk = seq(4, max_tokens=12, priority=0, base=100), seq(4, max_tokens=12, priority=9)
+    sched.add(bulk)
+    sched.add(vip)
+    while not sched.num_preemptions:
+        step(sched, kv)
+    assert bulk.num_preemptions == 1 and vip.num_preemptions == 0
+
+
+@pytest.mark.parametrize("mode", ["swap", "recompute"])
+def test_preempted_sequence_resumes_and_sees_the_same_kv(mode):
+    sched, kv = make(max_seqs=4, blocks=6, budget=4 + BS, preemption=mode)
+    a, b = seq(4, max_tokens=10, base=0), seq(4, max_tokens=10, base=100)
+    sched.add(a)
+    sched.add(b)
+    seen = []
+
+    def token(s):
+        # the 'model' checks that the KV it attends to is exactly its own tokens so far
+        assert kv.read(s.seq_id) == [tuple(s.tokens[:p + 1]) for p in range(len(s.tokens))]
+        seen.append(s)
+        return 1000 + s.num_output
+
+    for _ in range(200):
+        if not sched.has_work():
+            break
+        step(sched, kv, token)
+    assert sched.num_preemptions >= 1
+    assert a.tokens[4:] == b.tokens[4:] == [1000 + i for i in range(10)]
+
+
+def test_priority_request_preempts_a_running_low_priority_one():
+    sched, kv = make("priority", max_seqs=1)
+    bulk = seq(3, max_tokens=30, priority=10)
+    sched.add(bulk)
+    step(sched, kv)
+    vip = seq(3, priority=0, base=100)
+    sched.add(vip)
+    step(sched, kv)
+    assert sched.running == [vip] and bulk in sched.waiting and bulk.num_preemptions == 1
+
+
+def test_fifo_never_preempts_for_a_waiting_request():
+    sched, kv = make(max_seqs=1)
+    first = seq(3, max_tokens=30)
+    sched.add(first)
+    step(sched, kv)
+    sched.add(seq(3, base=100))
+    step(sched, kv)
+    assert sched.running == [first] and sched.num_preemptions == 0
+
+
+def test_deadline_ends_a_request_and_reports_it():
+    sched, kv = make()
+    s = seq(3, max_tokens=100, deadline=10.0)
+    sched.add(s)
+    step(sched, kv, now=5.0)
+    step(sched, kv, now=11.0)
+    assert s.finish_reason == "timeout" and sched.expired == [s]
+    assert sched.manager.num_used_blocks == 0
+
+
+def test_prefix_hit_skips_the_cached_blocks():
+    sched, kv = make()
+    first = seq(10, max_tokens=1)
+    sched.add(first)
+    run_to_end(sched, kv)
+    again = seq(10, max_tokens=1)
+    sched.add(again)
+    plan = step(sched, kv)
+    assert again.num_cached_tokens == 8
+    assert [(c.start, c.end) for c in plan.chunks] == [(8, 10)]
+
+
+def test_inflight_prefix_is_computed_once_and_shared():
+    sched, kv = make(max_seqs=2, budget=2 + BS, grid=BS)
+    a, b = seq(17, max_tokens=1), seq(17, max_tokens=1)
+    sched.add(a)
+    sched.add(b)
+    computed_by_b = 0
+    for _ in range(40):
+        if not sched.has_work():
+            break
+        plan = step(sched, kv)
+        computed_by_b += sum(c.end - c.start for c in plan.chunks if c.seq is b)
+    assert a.status is b.status is Status.FINISHED
+    assert b.num_cached_tokens == 16 and computed_by_b == 1
+    assert a.tokens[-1] == b.tokens[-1]
