@@ -1,0 +1,150 @@
+"""Our server against the engine ceiling, same model, threads and batch shape (issue 2).
+
+N streams each generate M tokens greedily (ignore_eos) from random token-id prompts of
+--input-len tokens: once through our server (a subprocess started here, or --base-url), all N
+requests sent at once to /v1/completions, and once through the raw batched llama_decode loop
+(engine/ceiling.py) in this process, with the same prompts. Output tok/s of both counts every
+output token over the whole run (prefill included); server/raw is printed next to the target.
+
+    python -m benchmarks.core --streams 1,16 --input-len 64 --output-len 128 --threads 2
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+from pathlib import Path
+
+from benchmarks.client import check_loopback, first_model
+from benchmarks.datasets import Conversation, token_dataset
+from benchmarks.launch import DEFAULT_MODEL, launched, our_server
+from benchmarks.serve import run_workload, warmup
+from engine.ceiling import Ceiling, CeilingConfig
+
+TARGETS = {1: 0.9, 16: 0.85}   # server/raw output tok/s (issue 2)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.core", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default=str(DEFAULT_MODEL))
+    p.add_argument("--streams", default="1,16", help="comma list of concurrent streams N")
+    p.add_argument("--input-len", type=int, default=64)
+    p.add_argument("--output-len", type=int, default=128, help="tokens per stream M")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--n-ctx", type=int, default=2048, help="cells per sequence, both sides")
+    p.add_argument("--n-seq-max", type=int, default=16, help="raw loop's sequences")
+    p.add_argument("--kv-unified", action="store_true",
+                   help="unified KV in the raw loop and the server (default: split)")
+    p.add_argument("--reps", type=int, default=1, help="alternating repetitions (median kept)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--base-url", default=None,
+                   help="use this running server instead of starting one (same threads!)")
+    p.add_argument("--request-timeout", type=float, default=600.0)
+    p.add_argument("--time-limit", type=float, default=1800.0, help="per server run")
+    p.add_argument("--result-file", default=None)
+    p.add_argument("--disable-tqdm", action="store_true")
+    args = p.parse_args(argv)
+    args.streams = [int(s) for s in args.streams.split(",") if s.strip()]
+    if not args.streams or any(not 1 <= s <= 256 for s in args.streams):
+        p.error("--streams values must be in [1, 256]")
+    if not 1 <= args.reps <= 20:
+        p.error("--reps must be in [1, 20]")
+    return args
+
+
+def server_run(base: str, model: str, prompts: list[list[int]], args) -> dict:
+    convs = [Conversation([p]) for p in prompts]
+    report, _ = asyncio.run(run_workload(
+        base, "/v1/completions", model, convs, max_concurrency=len(prompts),
+        output_len=args.output_len, ignore_eos=True, temperature=0.0, seed=args.seed,
+        request_timeout=args.request_timeout, time_limit=args.time_limit,
+        progress=not args.disable_tqdm, desc=f"server N={len(prompts)}"))
+    return report
+
+
+def measure(base: str, args) -> dict:
+    model_name = first_model(base)
+    config = CeilingConfig(n_threads=args.threads, n_ctx_seq=args.n_ctx,
+                           n_seq_max=max(args.n_seq_max, max(args.streams)),
+                           kv_unified=args.kv_unified)
+    rows = []
+    with Ceiling(args.model, config) as ceiling:
+        n_vocab = ceiling.model.n_vocab
+        ceiling.run(token_dataset(1, 8, n_vocab, args.seed + 99), 4)          # warm up both
+        asyncio.run(warmup(base, "/v1/completions", model_name, 1, args.seed))
+        for n in args.streams:
+            server_reps, raw_reps = [], []
+            for rep in range(args.reps):
+                prompts = token_dataset(n, args.input_len, n_vocab, args.seed + 1000 * rep + n)
+                order = ("raw", "server") if rep % 2 == 0 else ("server", "raw")
+                for side in order:
+                    if side == "raw":
+                        raw_reps.append(ceiling.run(prompts, args.output_len).summary())
+                    else:
+                        server_reps.append(server_run(base, model_name, prompts, args))
+            rows.append(row(n, server_reps, raw_reps, args))
+            print(f"N={n}: server {rows[-1]['server_output_tok_s']:.1f} tok/s, raw "
+                  f"{rows[-1]['raw_output_tok_s']:.1f} tok/s", file=sys.stderr, flush=True)
+    return {"rows": rows}
+
+
+def row(n: int, server_reps: list[dict], raw_reps: list[dict], args) -> dict:
+    med = statistics.median
+    server_tps = med(r["output_throughput"] for r in server_reps)
+    raw_tps = med(r["output_tok_s"] for r in raw_reps)
+    return {
+        "streams": n, "input_len": args.input_len, "output_len": args.output_len,
+        "server_output_tok_s": server_tps, "raw_output_tok_s": raw_tps,
+        "raw_decode_tok_s": med(r["decode_tok_s"] for r in raw_reps),
+        "raw_prefill_s": med(r["prefill_s"] for r in raw_reps),
+        "server_median_ttft_ms": med(r["median_ttft_ms"] for r in server_reps),
+        "server_median_tpot_ms": med(r["median_tpot_ms"] for r in server_reps),
+        "ratio": server_tps / raw_tps if raw_tps else 0.0, "target": TARGETS.get(n),
+        "server_completed": sum(r["completed"] for r in server_reps),
+        "server_failed": sum(r["failed"] for r in server_reps),
+        "server_output_tokens": sum(r["total_output_tokens"] for r in server_reps),
+        "raw_output_tokens": sum(r["output_tokens"] for r in raw_reps),
+        "server_runs": server_reps, "raw_runs": raw_reps,
+    }
+
+
+def table(rows: list[dict]) -> str:
+    head = (f"{'streams':>7} {'server tok/s':>12} {'raw tok/s':>10} {'server/raw':>10} "
+            f"{'target':>7} {'met':>4} {'raw decode tok/s':>16} {'server TTFT p50 ms':>18}")
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        target = r["target"]
+        met = "-" if target is None else ("yes" if r["ratio"] >= target else "no")
+        lines.append(f"{r['streams']:>7} {r['server_output_tok_s']:>12.1f} "
+                     f"{r['raw_output_tok_s']:>10.1f} {r['ratio']:>10.2f} "
+                     f"{'≥ %.2f' % target if target else '-':>7} {met:>4} "
+                     f"{r['raw_decode_tok_s']:>16.1f} {r['server_median_ttft_ms']:>18.0f}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.base_url:
+        result = measure(check_loopback(args.base_url), args)
+    else:
+        env = {"PAGEDLLAMA_KV_UNIFIED": "1" if args.kv_unified else "0"}
+        with launched(our_server(args.model, args.threads, args.n_ctx, env)) as base:
+            result = measure(base, args)
+    result["config"] = vars(args)
+    print(f"server vs raw llama_decode loop · {Path(args.model).name} · {args.threads} threads · "
+          f"{'unified' if args.kv_unified else 'split'} KV · in {args.input_len} / out "
+          f"{args.output_len} tokens per stream · {args.reps} rep(s), median")
+    print(table(result["rows"]))
+    if args.result_file:
+        Path(args.result_file).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.result_file).write_text(json.dumps(result, indent=1))
+        print(f"wrote {args.result_file}")
+    failed = sum(r["server_failed"] for r in result["rows"])
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,89 @@
+"""The engine ceiling for a batch shape: a raw batched llama_decode loop in this process
+(engine/ceiling.py), no server. Prefill and decode tok/s at each batch size.
+
+    python -m benchmarks.engine --batch-sizes 1,2,4,8,16,32 --input-len 64 --output-len 64
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from benchmarks.datasets import token_dataset
+from engine.ceiling import Ceiling, CeilingConfig
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_MODEL = ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+MAX_BATCH = 256
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.engine", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default=str(DEFAULT_MODEL), help="GGUF file")
+    p.add_argument("--batch-sizes", default="1,2,4,8,16,32")
+    p.add_argument("--input-len", type=int, default=64, help="prompt tokens per sequence")
+    p.add_argument("--output-len", type=int, default=64, help="generated tokens per sequence")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--n-batch", type=int, default=256, help="tokens per llama_decode")
+    p.add_argument("--n-ctx", type=int, default=0,
+                   help="cells per sequence (default: input + output rounded up to 256)")
+    p.add_argument("--kv-unified", action="store_true", help="one KV pool (default: split)")
+    p.add_argument("--reps", type=int, default=1, help="runs per batch size; the best is kept")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--result-file", default=None)
+    args = p.parse_args(argv)
+    args.batch_sizes = [int(b) for b in args.batch_sizes.split(",") if b.strip()]
+    if not args.batch_sizes or any(not 1 <= b <= MAX_BATCH for b in args.batch_sizes):
+        p.error(f"--batch-sizes must be in [1, {MAX_BATCH}]")
+    if args.input_len < 1 or args.output_len < 1 or not 1 <= args.reps <= 20:
+        p.error("--input-len and --output-len must be >= 1, --reps in [1, 20]")
+    return args
+
+
+def table(rows: list[dict]) -> str:
+    head = f"{'batch':>5} {'prefill tok/s':>14} {'decode tok/s':>13} {'output tok/s':>13} " \
+           f"{'step p50 ms':>12} {'step p99 ms':>12}"
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        lines.append(f"{r['n_streams']:>5} {r['prefill_tok_s']:>14.1f} {r['decode_tok_s']:>13.1f} "
+                     f"{r['output_tok_s']:>13.1f} {r['median_step_ms']:>12.1f} "
+                     f"{r['p99_step_ms']:>12.1f}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    n_ctx = args.n_ctx or -(-(args.input_len + args.output_len) // 256) * 256
+    config = CeilingConfig(n_threads=args.threads, n_seq_max=max(16, max(args.batch_sizes)),
+                           n_ctx_seq=n_ctx, n_batch=args.n_batch, kv_unified=args.kv_unified)
+    rows = []
+    with Ceiling(args.model, config) as ceiling:
+        n_vocab = ceiling.model.n_vocab
+        ceiling.run(token_dataset(1, 8, n_vocab, args.seed + 99), 4)   # warm up (page in weights)
+        for b in args.batch_sizes:
+            best = None
+            for rep in range(args.reps):
+                prompts = token_dataset(b, args.input_len, n_vocab, args.seed + 1000 * rep + b)
+                run = ceiling.run(prompts, args.output_len).summary()
+                if best is None or run["output_tok_s"] > best["output_tok_s"]:
+                    best = run
+            rows.append(best)
+            print(f"batch {b}: prefill {best['prefill_tok_s']:.1f} tok/s, decode "
+                  f"{best['decode_tok_s']:.1f} tok/s", file=sys.stderr, flush=True)
+    print(f"engine ceiling · {Path(args.model).name} · {args.threads} threads · "
+          f"{'unified' if args.kv_unified else 'split'} KV · in {args.input_len} / out "
+          f"{args.output_len} tokens per sequence")
+    print(table(rows))
+    result = {"config": {**vars(args), "n_ctx_seq": n_ctx, "n_seq_max": config.n_seq_max},
+              "runs": rows}
+    if args.result_file:
+        Path(args.result_file).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.result_file).write_text(json.dumps(result, indent=1))
+        print(f"wrote {args.result_file}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

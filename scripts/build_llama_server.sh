@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Build llama.cpp's `llama-server` (the peer for benchmarks/compare.py) from the
+# llama-cpp-python sdist on PyPI, i.e. the same llama.cpp our engine links against.
+#
+#   scripts/build_llama_server.sh [DEST]      # DEST defaults to .peer/ (git-ignored)
+#
+# Prints the binary's path on the last line. Takes several minutes of CPU on 2 cores;
+# JOBS=N sets the parallel build jobs (default 2). Nothing here is committed.
+set -euo pipefail
+
+VERSION=${LLAMA_CPP_PYTHON_VERSION:-0.3.36}
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+DEST=${1:-$ROOT/.peer}
+JOBS=${JOBS:-2}
+PYTHON=${PYTHON:-$ROOT/.venv/bin/python}
+[ -x "$PYTHON" ] || PYTHON=python3
+
+mkdir -p "$DEST"
+DEST=$(cd "$DEST" && pwd)
+SRC=$DEST/llama_cpp_python-$VERSION
+
+if [ ! -d "$SRC/vendor/llama.cpp" ]; then
+    "$PYTHON" -m pip download --no-deps --no-binary :all: \
+        "llama-cpp-python==$VERSION" -d "$DEST"
+    tar -xzf "$DEST"/llama_cpp_python-"$VERSION".tar.gz -C "$DEST"
+fi
+
+cmake -S "$SRC/vendor/llama.cpp" -B "$DEST/build" \
+    -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF -DGGML_NATIVE=ON
+cmake --build "$DEST/build" --target llama-server -j"$JOBS"
+
+BIN=$DEST/build/bin/llama-server
+"$BIN" --version >&2 || true
+echo "$BIN"
