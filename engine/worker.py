@@ -156,7 +156,8 @@ class Worker:
     def snapshot(self) -> dict:
         """Counts for /health, /stats and tests (plain reads; may be one step stale)."""
         m, s = self.manager, self.scheduler
-        return {"name": self.name, "running": len(s.running), "waiting": len(s.waiting),
+        return {"name": self.name, "threads": self.config.n_threads,
+                "running": len(s.running), "waiting": len(s.waiting),
                 "outstanding": self.outstanding, "steps": self.steps,
                 "kv_used_blocks": m.num_used_blocks, "kv_total_blocks": m.num_blocks,
                 "kv_cached_blocks": m.num_cached_blocks, "live_seqs": len(m.live),
@@ -175,6 +176,7 @@ class Worker:
         while not self._stop:
             try:
                 self._drain_inbox()
+                self._apply(self.manager.take_ops())   # frees of cancelled requests
                 if not self.scheduler.has_work():
                     self.wakeup.wait()
                     self.wakeup.clear()
@@ -212,6 +214,7 @@ class Worker:
         elif not events:
             self.wakeup.wait(0.005)   # waiting requests that cannot start yet
             self.wakeup.clear()
+        self._apply(self.manager.take_ops())   # frees of requests that finished this step
         self._deliver(events)
 
     def _run_plan(self, plan: StepPlan) -> list[tuple[Request, Event]]:

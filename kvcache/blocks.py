@@ -87,3 +87,4 @@ class SeqAlloc:
     blocks: list[Block] = field(default_factory=list)
     hashes: list[int] = field(default_factory=list)   # chain hashes of its full blocks, as known
     num_cached: int = 0     # tokens that came from the prefix cache when it was opened
+    num_checked: int = 0    # leading blocks already registered (or shared) by commit

@@ -172,7 +172,8 @@ class BlockManager:
         if len(alloc.hashes) < n_full:
             parent = alloc.hashes[-1] if alloc.hashes else NO_PARENT
             alloc.hashes += block_hashes(tokens[:n_full * bs], bs, parent, len(alloc.hashes) * bs)
-        for i in range(n_full):
+        for i in range(alloc.num_checked, n_full):
+            alloc.num_checked = i
             block = alloc.blocks[i]
             if block.hash is not None:
                 continue
@@ -194,6 +195,7 @@ class BlockManager:
                 block.parent.n_children += 1
             self.cache[h] = block
             self.owned[alloc.seq_id] = self.owned.get(alloc.seq_id, 0) + 1
+        alloc.num_checked = max(alloc.num_checked, n_full)
 
     def lookup(self, tokens: Sequence[int]) -> int:
         """How many leading tokens of `tokens` the cache holds (no side effects)."""

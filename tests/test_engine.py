@@ -1,0 +1,160 @@
+"""The engine with a real llama.cpp context: KV bookkeeping agrees with llama.cpp, and prefix
+caching and preemption never change a greedy answer."""
+import asyncio
+import random
+
+import pytest
+
+from engine import EngineConfig, Model, Request, SamplingParams, Worker
+from tests.server_proc import SMOLLM2
+
+SYSTEM = ("You are a meticulous assistant. Answer briefly, cite facts, avoid speculation, and "
+          "prefer plain words. ") * 6
+
+
+@pytest.fixture(scope="module")
+def model():
+    m = Model(SMOLLM2)
+    yield m
+    m.close()
+
+
+def make_worker(model, **overrides):
+    cfg = dict(n_ctx=1024, max_seqs=8, cache_seqs=8, max_batch_tokens=128, prefill_chunk=32)
+    cfg.update(overrides)
+    worker = Worker("test", model, EngineConfig(**cfg))
+    worker.start()
+    return worker
+
+
+async def generate(worker, prompt, max_tokens=24, priority=0, cancel_after=None, **params):
+    req = Request(list(prompt), SamplingParams(max_tokens=max_tokens, temperature=0, **params),
+                  priority)
+    queue = worker.submit(req)
+    parts, n = [], 0
+    while True:
+        event = await queue.get()
+        parts.append(event.text)
+        n += event.num_tokens
+        if cancel_after is not None and n >= cancel_after:
+            worker.cancel(req)
+            return None
+        if event.finish_reason:
+            assert event.error is None, event.error
+            return "".join(parts)
+
+
+def run_all(worker, prompts, **kw):
+    async def main():
+        return await asyncio.gather(*[generate(worker, p, **kw) for p in prompts])
+    return asyncio.run(main())
+
+
+def idle(worker):
+    async def wait():
+        for _ in range(400):
+            if not worker.scheduler.has_work() and not worker.inbox:
+                return
+            await asyncio.sleep(0.05)
+        raise AssertionError("worker did not go idle")
+    asyncio.run(wait())
+
+
+def chat_prompt(model, question, system=SYSTEM):
+    return model.tokenize(f"<|im_start|>system\n{system}<|im_end|>\n<|im_start|>user\n"
+                          f"{question}<|im_end|>\n<|im_start|>assistant\n", add_special=False)
+
+
+QUESTIONS = ["What is rain?", "Name a planet.", "Why is the sky blue?", "What is a noun?",
+             "Give a synonym for fast.", "How many legs has a spider?"]
+
+
+def expected_ranges(worker):
+    """The manager's view: which positions each llama.cpp seq id holds."""
+    bs, ranges = worker.manager.block_size, {}
+    for seq in worker.scheduler.running:
+        ranges[seq.seq_id] = (0, seq.num_computed - 1)
+    for block in worker.manager.cache.values():
+        if block.owner not in ranges or block.owner not in worker.manager.live:
+            lo, hi = ranges.get(block.owner, (0, -1))
+            ranges[block.owner] = (0, max(hi, (block.index + 1) * bs - 1))
+    return ranges
+
+
+@pytest.mark.parametrize("unified", [False, True])
+def test_manager_view_agrees_with_llama_cpp_after_a_mixed_workload(model, unified):
+    worker = make_worker(model, kv_unified=unified, n_ctx=512, cache_seqs=4)
+    try:
+        rng = random.Random(7)
+        systems = [SYSTEM, "Be kind. " * 20, "Reply in one word. " * 12]
+
+        async def main():
+            jobs = []
+            for i in range(14):
+                prompt = chat_prompt(model, rng.choice(QUESTIONS), rng.choice(systems))
+                cancel = rng.choice([None, None, 3])
+                jobs.append(generate(worker, prompt, max_tokens=rng.randint(4, 20),
+                                     cancel_after=cancel))
+            await asyncio.gather(*jobs)
+        asyncio.run(main())
+        idle(worker)
+        worker.manager.check_invariants()
+        assert worker.manager.num_used_blocks == 0
+        expected = expected_ranges(worker)
+        assert expected, "nothing stayed cached"
+        for seq_id in range(worker.config.n_seq_max):
+            got = worker.context.seq_pos_range(seq_id)
+            assert got == expected.get(seq_id, (-1, -1)), (seq_id, got, expected.get(seq_id))
+    finally:
+        worker.stop()
+
+
+def test_greedy_outputs_are_identical_with_prefix_caching_on_and_off(model):
+    prompts = [chat_prompt(model, q) for q in QUESTIONS]
+    answers = {}
+    for caching in (False, True):
+        worker = make_worker(model, prefix_caching=caching)
+        try:
+            first = run_all(worker, prompts[:2])           # warms the cache when it is on
+            rest = run_all(worker, prompts)                 # concurrent, sharing the system prompt
+            again = [run_all(worker, [p])[0] for p in prompts[:3]]   # one by one, fully cached
+            answers[caching] = (first, rest, again)
+            if caching:
+                assert worker.manager.hit_tokens > 0
+        finally:
+            worker.stop()
+    assert answers[True] == answers[False]
+
+
+def test_a_shared_prefix_in_flight_is_computed_once(model):
+    worker = make_worker(model, prefill_chunk=32)
+    try:
+        prompts = [chat_prompt(model, q) for q in QUESTIONS[:4]]
+        run_all(worker, prompts, max_tokens=2)
+        shared = len(prompts[0]) - 40
+        # all but the first request took (most of) the shared system prompt from the cache
+        assert worker.manager.hit_tokens >= 3 * (shared // 32) * 32
+    finally:
+        worker.stop()
+
+
+def test_a_preempted_greedy_request_finishes_with_its_unpreempted_output(model):
+    for mode in ("swap", "recompute"):
+        worker = make_worker(model, scheduler="priority", max_seqs=1, preemption=mode,
+                             prefix_caching=False)
+        try:
+            bulk_prompt = chat_prompt(model, "Write a long story about a dragon.")
+            alone = run_all(worker, [bulk_prompt], max_tokens=48)[0]
+
+            async def main():
+                bulk = asyncio.ensure_future(generate(worker, bulk_prompt, max_tokens=48,
+                                                      priority=10))
+                while worker.scheduler.running == [] or worker.scheduler.running[0].num_output < 8:
+                    await asyncio.sleep(0.01)
+                vip = await generate(worker, chat_prompt(model, "Hi"), max_tokens=8, priority=0)
+                return await bulk, vip
+            preempted, vip = asyncio.run(main())
+            assert worker.scheduler.num_preemptions >= 1 and vip
+            assert preempted == alone, mode
+        finally:
+            worker.stop()
