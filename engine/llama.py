@@ -41,12 +41,14 @@ def init_backend() -> None:
 class Model:
     """A GGUF model loaded once: tokenizer, detokenizer pieces and chat template."""
 
-    def __init__(self, path: str | Path):
+    def __init__(self, path: str | Path, n_gpu_layers: int | None = None):
         init_backend()
         self.path = Path(path)
         if not self.path.is_file():
             raise FileNotFoundError(f"model file not found: {self.path}")
         params = C.llama_model_default_params()
+        if n_gpu_layers is not None:   # only meaningful with a GPU build (-1: all layers)
+            params.n_gpu_layers = n_gpu_layers
         self.ptr = C.llama_model_load_from_file(str(self.path).encode(), params)
         if not self.ptr:
             raise RuntimeError(f"llama.cpp could not load {self.path}")

@@ -18,6 +18,7 @@ class ModelSpec:
     engine: EngineConfig
     contexts: int = 1                       # replicas: llama.cpp contexts of this model
     defaults: dict = field(default_factory=dict)   # per-model default sampling values
+    gpu_layers: int | None = None           # layers offloaded with a GPU build (-1: all)
 
 
 @dataclass
@@ -63,8 +64,9 @@ def load_settings() -> Settings:
         models = _models_from_file(Path(models_file), base)
     else:
         path = Path(_env("MODEL", str(DEFAULT_MODEL)))
+        gpu = _env("GPU_LAYERS", "")
         models = [ModelSpec(_env("MODEL_NAME", model_name(path)), path, base,
-                            int(_env("CONTEXTS", "1")))]
+                            int(_env("CONTEXTS", "1")), gpu_layers=int(gpu) if gpu else None)]
     _partition_threads(models)
     return Settings(models, _env("LOG_LEVEL", "info"), os.environ.get("PAGEDLLAMA_API_KEY"))
 
@@ -93,12 +95,14 @@ def _models_from_file(path: Path, base: EngineConfig) -> list[ModelSpec]:
         if not model_path.is_absolute():
             model_path = (path.parent / model_path).resolve()
         contexts = int(entry.pop("contexts", 1))
+        gpu_layers = entry.pop("gpu_layers", None)
         defaults = dict(entry.pop("defaults", {}) or {})
         overrides = {_ALIASES.get(k, k): v for k, v in entry.items()}
         unknown = set(overrides) - _ENGINE_KEYS
         if unknown:
             raise ValueError(f"{path}: models[{i}] has unknown keys {sorted(unknown)}")
-        specs.append(ModelSpec(name, model_path, replace(base, **overrides), contexts, defaults))
+        specs.append(ModelSpec(name, model_path, replace(base, **overrides), contexts, defaults,
+                               None if gpu_layers is None else int(gpu_layers)))
     return specs
 
 

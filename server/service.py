@@ -47,7 +47,7 @@ class Service:
         loaded: dict[str, Model] = {}
         for spec in self.settings.models:
             key = str(spec.path.resolve())
-            model = loaded.get(key) or Model(spec.path)
+            model = loaded.get(key) or Model(spec.path, spec.gpu_layers)
             loaded[key] = model
             workers = [Worker(f"{spec.name}/{i}", model, spec.engine, self.observer)
                        for i in range(spec.contexts)]
