@@ -3,8 +3,9 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 HOST   ?= 0.0.0.0
 PORT   ?= 8000
+SUDO   := $(if $(filter 0,$(shell id -u)),,sudo)
 
-.PHONY: setup run test models clean
+.PHONY: setup run test models browser clean
 
 ## setup: create .venv, install the pinned requirements, fetch the default model (idempotent)
 setup: $(VENV)/.installed
@@ -26,8 +27,15 @@ models: setup
 run: setup
 	$(BIN)/uvicorn server.main:app --host $(HOST) --port $(PORT) --no-access-log
 
-## test: the whole test suite (real model, real HTTP server)
-test: models
+## browser: headless Chromium + chromedriver for the dashboard test (Debian packages; needs root)
+browser:
+	@test -x /usr/bin/chromium -a -x /usr/bin/chromedriver || { \
+	  echo ">> installing chromium and chromium-driver (apt-get)"; \
+	  $(SUDO) apt-get update && \
+	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y chromium chromium-driver; }
+
+## test: the whole test suite (real model, real HTTP server, headless Chromium)
+test: models browser
 	$(BIN)/python -m pytest
 
 clean:
