@@ -1,0 +1,149 @@
+"""Prefix caching, measured side by side in one run:
+
+1. TTFT of a request whose ~1,000-token prefix is cached vs the same request cold
+   (target: cached <= 0.2x cold);
+2. a shared-prefix workload (several ~500-token system prompts, 64+ requests, 16 concurrent)
+   against our server with prefix caching on and off, alternating: throughput ratio (target >= 3x)
+   and the prefix hit rate.
+
+    python -m benchmarks.prefix [--quick]
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import statistics
+import sys
+from pathlib import Path
+
+import httpx
+
+from benchmarks import datasets as ds
+from benchmarks.client import make_client, payload, send
+from benchmarks.launch import launched, our_server
+from benchmarks.serve import run_workload
+
+ENDPOINT = "/v1/chat/completions"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--prefix-len", type=int, default=1000, help="tokens of the cached prefix (TTFT)")
+    p.add_argument("--ttft-reps", type=int, default=5)
+    p.add_argument("--shared-len", type=int, default=500, help="tokens of each system prompt")
+    p.add_argument("--num-prefixes", type=int, default=4)
+    p.add_argument("--num-prompts", type=int, default=64)
+    p.add_argument("--concurrency", type=int, default=16)
+    p.add_argument("--output-len", type=int, default=32)
+    p.add_argument("--rounds", type=int, default=1, help="on/off alternations of the workload")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--quick", action="store_true", help="a tiny run for tests")
+    p.add_argument("--result-file", default=None)
+    args = p.parse_args(argv)
+    if args.quick:
+        args.prefix_len, args.ttft_reps, args.shared_len = 300, 2, 200
+        args.num_prefixes, args.num_prompts, args.concurrency, args.output_len = 2, 8, 4, 8
+    return args
+
+
+def words_for(tokens: int) -> int:
+    return ds.Calibration().words_for(tokens, with_overhead=False)
+
+
+async def one(base: str, model: str, messages: list[dict], max_tokens: int):
+    async with make_client(1, 600.0) as client:
+        body = payload(model, messages, True, max_tokens, True)
+        out = await send(client, base + ENDPOINT, body, True, 600.0)
+    if not out.ok:
+        raise RuntimeError(out.error)
+    return out
+
+
+async def ttft_pairs(base: str, model: str, args) -> list[dict]:
+    """Per repetition: a new ~prefix_len document (cold), then the same document with another
+    question (cached)."""
+    rng = random.Random(f"prefix-ttft:{args.seed}")
+    rows = []
+    for i in range(args.ttft_reps):
+        doc = f"Report {i}. " + ds.random_text(rng, words_for(args.prefix_len))
+        cold = await one(base, model, [{"role": "system", "content": doc},
+                                       {"role": "user", "content": "Summarize the report."}], 4)
+        warm = await one(base, model, [{"role": "system", "content": doc},
+                                       {"role": "user", "content": "List its main words."}], 4)
+        rows.append({"prompt_tokens": cold.prompt_tokens, "cold_ttft_s": cold.ttft,
+                     "cached_ttft_s": warm.ttft, "cached_tokens": warm.cached_tokens})
+    return rows
+
+
+def prefix_counters(base: str) -> tuple[int, int]:
+    health = httpx.get(f"{base}/health", timeout=10).json()
+    ctx = [c for m in health["models"].values() for c in m["contexts"]]
+    return (sum(c["prefix_hit_tokens"] for c in ctx), sum(c["prefix_query_tokens"] for c in ctx))
+
+
+async def shared_workload(base: str, model: str, args, seed: int) -> dict:
+    convs = ds.shared_prefix_dataset(args.num_prompts, 24, args.shared_len, args.num_prefixes,
+                                     ds.Calibration(), seed)
+    hits0, queries0 = prefix_counters(base)
+    report, _ = await run_workload(base, ENDPOINT, model, convs, max_concurrency=args.concurrency,
+                                   output_len=args.output_len, ignore_eos=True, seed=seed,
+                                   desc="shared-prefix")
+    hits1, queries1 = prefix_counters(base)
+    report.pop("requests", None)
+    report["prefix_hit_rate"] = (hits1 - hits0) / max(1, queries1 - queries0)
+    return report
+
+
+def run(args) -> dict:
+    result: dict = {"config": vars(args).copy(), "ttft": [], "workload": {"on": [], "off": []}}
+    servers = {"on": our_server(threads=args.threads, env={"PAGEDLLAMA_PREFIX_CACHING": "1"}),
+               "off": our_server(threads=args.threads, env={"PAGEDLLAMA_PREFIX_CACHING": "0"})}
+    with launched(servers["on"]) as base:
+        model = httpx.get(f"{base}/v1/models").json()["data"][0]["id"]
+        result["ttft"] = asyncio.run(ttft_pairs(base, model, args))
+    for r in range(args.rounds):
+        for mode in ("on", "off"):
+            with launched(servers[mode]) as base:
+                report = asyncio.run(shared_workload(base, model, args, args.seed + r))
+                result["workload"][mode].append(report)
+    cold = statistics.median(x["cold_ttft_s"] for x in result["ttft"])
+    warm = statistics.median(x["cached_ttft_s"] for x in result["ttft"])
+    on = statistics.median(x["output_throughput"] for x in result["workload"]["on"])
+    off = statistics.median(x["output_throughput"] for x in result["workload"]["off"])
+    result["summary"] = {
+        "prompt_tokens": result["ttft"][0]["prompt_tokens"], "cold_ttft_s": cold,
+        "cached_ttft_s": warm, "ttft_ratio": warm / cold,
+        "throughput_on": on, "throughput_off": off, "throughput_ratio": on / off,
+        "ttft_p99_on": statistics.median(x["p99_ttft_ms"] for x in result["workload"]["on"]),
+        "ttft_p99_off": statistics.median(x["p99_ttft_ms"] for x in result["workload"]["off"]),
+        "hit_rate": statistics.median(x["prefix_hit_rate"] for x in result["workload"]["on"])}
+    return result
+
+
+def summary_table(s: dict, args) -> str:
+    return "\n".join([
+        f"cached vs cold TTFT ({s['prompt_tokens']}-token prompt, median of {args.ttft_reps}): "
+        f"{s['cached_ttft_s'] * 1000:.0f} ms vs {s['cold_ttft_s'] * 1000:.0f} ms = "
+        f"{s['ttft_ratio']:.2f}x   (target <= 0.2x)",
+        f"shared-prefix workload ({args.num_prefixes} x ~{args.shared_len}-token system prompts, "
+        f"{args.num_prompts} requests, {args.concurrency} concurrent, {args.output_len} out):",
+        f"  output tok/s caching on {s['throughput_on']:.1f} vs off {s['throughput_off']:.1f} = "
+        f"{s['throughput_ratio']:.2f}x   (target >= 3x)",
+        f"  TTFT p99 on {s['ttft_p99_on']:.0f} ms vs off {s['ttft_p99_off']:.0f} ms; "
+        f"prefix hit rate {s['hit_rate'] * 100:.0f}% of prompt tokens"])
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    result = run(args)
+    print(summary_table(result["summary"], args))
+    if args.result_file:
+        Path(args.result_file).write_text(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
