@@ -293,6 +293,7 @@ class Worker:
             req.finish_reason, req.finish_time = "error", time.monotonic()
             req.sampler.close()
             self.finished += 1
+            self.observer.on_finish(self, req)
             events.append((req, Event(error=message, finish_reason="error")))
         self._apply(self.manager.take_ops())
         self._deliver(events)
