@@ -77,8 +77,15 @@ def question(rng: random.Random, n_words: int) -> str:
     return f"{rng.choice(QUESTION_WORDS).capitalize()} {random_words(rng, max(1, n_words - 1))}?"
 
 
-def random_dataset(n: int, input_len: int, cal: Calibration, seed: int) -> list[Conversation]:
-    rng = random.Random(seed)
+def _rng(kind: str, seed: int, *shape: int) -> random.Random:
+    """One generator per workload kind, seed and shape, so that two workloads never start with
+    the same words by accident (a shared first block is a prefix-cache hit)."""
+    return random.Random(":".join([kind, str(seed), *map(str, shape)]))
+
+
+def random_dataset(n: int, input_len: int, cal: Calibration, seed: int,
+                   kind: str = "random") -> list[Conversation]:
+    rng = _rng(kind, seed, n, input_len)
     words = cal.words_for(input_len)
     return [Conversation([random_text(rng, words)], tag="random") for _ in range(n)]
 
@@ -87,7 +94,7 @@ def shared_prefix_dataset(n: int, input_len: int, prefix_len: int, num_prefixes:
                           cal: Calibration, seed: int) -> list[Conversation]:
     """Each request: one of num_prefixes system prompts (~prefix_len tokens) plus a short unique
     question (~input_len tokens, chat-template overhead included)."""
-    rng = random.Random(seed)
+    rng = _rng("shared-prefix", seed, n, input_len, prefix_len, num_prefixes)
     prefixes = [f"Document {i + 1}. " + random_text(rng, cal.words_for(prefix_len, False))
                 for i in range(num_prefixes)]
     q_words = cal.words_for(input_len)
@@ -103,7 +110,7 @@ def chat_dataset(n_requests: int, input_len: int, turns: int, cal: Calibration,
                  seed: int) -> list[Conversation]:
     """Conversations of `turns` user messages (~input_len tokens each); the last one may be
     shorter so that there are exactly n_requests requests. Later turns resend the history."""
-    rng = random.Random(seed)
+    rng = _rng("chat", seed, n_requests, input_len, turns)
     words = cal.words_for(input_len)
     out = []
     remaining = n_requests
@@ -119,7 +126,7 @@ def token_dataset(n: int, input_len: int, n_vocab: int, seed: int,
                   low: int = 256) -> list[list[int]]:
     """Random token-id prompts (for /v1/completions and the raw engine loop), away from the
     special tokens at the start of the vocabulary."""
-    rng = random.Random(seed)
+    rng = _rng("tokens", seed, n, input_len)
     return [[rng.randrange(low, n_vocab) for _ in range(input_len)] for _ in range(n)]
 
 

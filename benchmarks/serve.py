@@ -44,7 +44,7 @@ async def calibrate(base_url: str, endpoint: str, model: str, seed: int = 0,
                     words: tuple[int, int] = (32, 256)) -> ds.Calibration:
     """Two probes of known word counts through the same endpoint give tokens per word and the
     fixed overhead (template, BOS) from usage.prompt_tokens; without usage: the approximation."""
-    chat, rng = is_chat(endpoint), random.Random(seed + 7919)
+    chat, rng = is_chat(endpoint), random.Random(f"calibrate:{seed}")
     counts = []
     async with make_client(2, 120.0) as client:
         for n in words:
@@ -131,7 +131,7 @@ async def run_workload(base_url: str, endpoint: str, model: str,
 async def warmup(base_url: str, endpoint: str, model: str, n: int, seed: int) -> None:
     if n <= 0:
         return
-    convs = ds.random_dataset(n, 32, ds.Calibration(), seed + 1_000_003)
+    convs = ds.random_dataset(n, 32, ds.Calibration(), seed, "warmup")
     await run_workload(base_url, endpoint, model, convs, max_concurrency=n, output_len=8,
                        ignore_eos=True, request_timeout=120.0, time_limit=300.0,
                        progress=False)
@@ -195,8 +195,10 @@ async def run(args: argparse.Namespace) -> dict:
     sweep = (concurrency_list(args.sweep_concurrency) if args.sweep_concurrency
              else [args.max_concurrency])
     runs = []
-    for c in sweep:
-        convs = build_dataset(args.dataset, args.num_prompts, args.input_len, cal, args.seed,
+    for i, c in enumerate(sweep):
+        # fresh prompts for every run: the previous run's prompts are in the prefix cache
+        convs = build_dataset(args.dataset, args.num_prompts, args.input_len, cal,
+                              args.seed + 1000 * i,
                               prefix_len=args.prefix_len, num_prefixes=args.num_prefixes,
                               turns=args.turns)
         report, _ = await run_workload(

@@ -1,0 +1,256 @@
+"""Our server and another OpenAI-compatible server, side by side, in one run.
+
+Starts both (ours as a uvicorn subprocess; the peer by default llama.cpp's llama-server with
+-np slots and the same per-sequence context), then runs every workload against each, in
+alternating order, with the same prompts, and prints ours/peer ratios next to the targets:
+
+  random-1        random prompts, 1 stream           output tok/s ratio  ≥ 1.0
+  random-16       random prompts, --parallel streams output tok/s ratio  ≥ 1.0
+  shared-prefix   4 long system prompts + questions  throughput ≥ 3×, TTFT p99 ≤ 0.2×
+  interference    8 streams, then a ~2,000-token prompt: largest gap ≤ 1 s
+  repeat          same greedy request twice: identical text for every prompt
+
+The peer binary: --peer-bin, else $LLAMA_SERVER_BIN, else .peer/build/bin/llama-server (what
+scripts/build_llama_server.sh builds), else llama-server on PATH; --peer-cmd runs any other
+server (a template with {port} {model} {threads} {parallel} {ctx} {ctx_total}). Without a peer
+the comparison is skipped (exit 0).
+
+    python -m benchmarks.compare --threads 2 --parallel 16
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import sys
+from contextlib import ExitStack
+from pathlib import Path
+
+from benchmarks import datasets as ds
+from benchmarks import interference, repeat
+from benchmarks.client import first_model
+from benchmarks.launch import (DEFAULT_MODEL, command_exists, find_peer_bin, launched,
+                               llama_server, our_server, peer_from_template)
+from benchmarks.serve import calibrate, run_workload, warmup
+
+WORKLOADS = ("random-1", "random-16", "shared-prefix", "interference", "repeat")
+
+# (workload, metric, label, kind, target): kind "ratio≥"/"ratio≤" compare ours/peer,
+# "abs≤" compares our value with the target, "all" wants every prompt identical
+TARGETS = [
+    ("random-1", "output_throughput", "random, 1 stream: output tok/s", "ratio≥", 1.0),
+    ("random-16", "output_throughput", "random, N streams: output tok/s", "ratio≥", 1.0),
+    ("shared-prefix", "request_throughput", "shared prefix: throughput req/s", "ratio≥", 3.0),
+    ("shared-prefix", "p99_ttft_ms", "shared prefix: TTFT p99 ms", "ratio≤", 0.2),
+    ("interference", "max_gap_s", "long prompt arrives: largest gap s", "abs≤", 1.0),
+    ("repeat", "identical", "same request twice: identical", "all", None),
+]
+INFO = [   # printed without a target
+    ("random-1", "median_tpot_ms", "random, 1 stream: TPOT p50 ms"),
+    ("random-16", "median_ttft_ms", "random, N streams: TTFT p50 ms"),
+    ("random-16", "median_tpot_ms", "random, N streams: TPOT p50 ms"),
+    ("shared-prefix", "output_throughput", "shared prefix: output tok/s"),
+    ("shared-prefix", "median_ttft_ms", "shared prefix: TTFT p50 ms"),
+    ("interference", "itl_p99_ms", "long prompt arrives: ITL p99 ms"),
+    ("interference", "long_ttft_s", "long prompt arrives: its TTFT s"),
+]
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.compare", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--peer-bin", default=None, help="llama-server binary")
+    p.add_argument("--peer-cmd", default=None, help="any server command template (see above)")
+    p.add_argument("--peer-args", default="", help="extra arguments for llama-server")
+    p.add_argument("--peer-name", default=None, help="the peer's name in the report")
+    p.add_argument("--model", default=str(DEFAULT_MODEL))
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--parallel", type=int, default=16, help="streams; llama-server -np")
+    p.add_argument("--n-ctx", type=int, default=2048, help="context per sequence, both servers")
+    p.add_argument("--our-env", action="append", default=[], metavar="KEY=VALUE",
+                   help="extra environment for our server (PAGEDLLAMA_...)")
+    p.add_argument("--workloads", default=",".join(WORKLOADS))
+    p.add_argument("--reps", type=int, default=1, help="alternating repetitions (median kept)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--endpoint", default="/v1/completions",
+                   choices=["/v1/completions", "/v1/chat/completions"])
+    g = p.add_argument_group("workload sizes")
+    g.add_argument("--input-len", type=int, default=64)
+    g.add_argument("--output-len", type=int, default=128)
+    g.add_argument("--single-prompts", type=int, default=8, help="random-1 requests")
+    g.add_argument("--concurrent-prompts", type=int, default=64, help="random-16 requests")
+    g.add_argument("--prefix-len", type=int, default=1024)
+    g.add_argument("--num-prefixes", type=int, default=4)
+    g.add_argument("--question-len", type=int, default=32)
+    g.add_argument("--prefix-output-len", type=int, default=32)
+    g.add_argument("--prefix-prompts", type=int, default=64)
+    g.add_argument("--interference-streams", type=int, default=8)
+    g.add_argument("--long-len", type=int, default=2000)
+    g.add_argument("--repeat-prompts", type=int, default=10)
+    g.add_argument("--repeat-input-len", type=int, default=300)
+    g.add_argument("--repeat-output-len", type=int, default=64)
+    p.add_argument("--request-timeout", type=float, default=600.0)
+    p.add_argument("--time-limit", type=float, default=1200.0, help="seconds per workload run")
+    p.add_argument("--result-file", default=None)
+    p.add_argument("--disable-tqdm", action="store_true")
+    args = p.parse_args(argv)
+    args.workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
+    unknown = set(args.workloads) - set(WORKLOADS)
+    if unknown:
+        p.error(f"unknown workloads {sorted(unknown)}; choose from {', '.join(WORKLOADS)}")
+    if not 1 <= args.reps <= 10:
+        p.error("--reps must be in [1, 10]")
+    return args
+
+
+def peer_spec(args):
+    """The peer's ServerSpec, or None with the reason it is missing."""
+    if args.peer_cmd:
+        spec = peer_from_template(args.peer_cmd, args.model, args.threads, args.parallel,
+                                  args.n_ctx)
+        if not command_exists(spec.cmd):
+            return None, f"the peer command {spec.cmd[0]!r} was not found"
+        spec.name = args.peer_name or "peer"
+        return spec, ""
+    binary = find_peer_bin(args.peer_bin)
+    if binary is None:
+        where = (args.peer_bin or os.environ.get("LLAMA_SERVER_BIN")
+                 or ".peer/build/bin/llama-server (nor llama-server on PATH)")
+        return None, f"no llama-server binary at {where}"
+    spec = llama_server(binary, args.model, args.threads, args.parallel, args.n_ctx,
+                        args.peer_args.split())
+    spec.name = args.peer_name or spec.name
+    return spec, ""
+
+
+async def run_one(workload: str, base: str, model: str, cal: ds.Calibration, seed: int,
+                  args) -> dict:
+    common = dict(request_timeout=args.request_timeout, time_limit=args.time_limit,
+                  progress=not args.disable_tqdm, seed=seed)
+    if workload in ("random-1", "random-16"):
+        single = workload == "random-1"
+        n = args.single_prompts if single else args.concurrent_prompts
+        convs = ds.random_dataset(n, args.input_len, cal, seed)
+        report, _ = await run_workload(base, args.endpoint, model, convs,
+                                       max_concurrency=1 if single else args.parallel,
+                                       output_len=args.output_len, ignore_eos=True,
+                                       desc=workload, **common)
+        return report
+    if workload == "shared-prefix":
+        convs = ds.shared_prefix_dataset(args.prefix_prompts, args.question_len, args.prefix_len,
+                                         args.num_prefixes, cal, seed)
+        report, _ = await run_workload(base, args.endpoint, model, convs,
+                                       max_concurrency=args.parallel,
+                                       output_len=args.prefix_output_len, ignore_eos=True,
+                                       desc=workload, **common)
+        return report
+    if workload == "interference":
+        return await interference.scenario(
+            base, args.endpoint, model, cal, streams=args.interference_streams,
+            stream_input_len=args.input_len, stream_output_len=1024, long_len=args.long_len,
+            long_output_len=16, settle_tokens=8, tail=1.0, seed=seed, time_limit=args.time_limit)
+    if workload == "repeat":
+        return await repeat.scenario(
+            base, args.endpoint, model, cal, num_prompts=args.repeat_prompts,
+            input_len=args.repeat_input_len, output_len=args.repeat_output_len,
+            ignore_eos=False, seed=seed, request_timeout=args.request_timeout,
+            time_limit=args.time_limit)
+    raise ValueError(workload)
+
+
+def brief(workload: str, r: dict) -> str:
+    if workload == "interference":
+        return (f"largest gap {r['max_gap_s']:.2f} s, long TTFT {r['long_ttft_s'] or 0:.2f} s, "
+                f"failed {r['failed']}")
+    if workload == "repeat":
+        return f"identical {r['identical']}/{r['compared']}, failed {r['failed']}"
+    return (f"{r['output_throughput']:.1f} tok/s, TTFT p50 {r['median_ttft_ms']:.0f} ms p99 "
+            f"{r['p99_ttft_ms']:.0f} ms, failed {r['failed']}")
+
+
+def median_of(runs: list[dict], key: str):
+    values = [r[key] for r in runs if r.get(key) is not None]
+    return statistics.median(values) if values else None
+
+
+def comparison(results: dict, workloads: list[str], peer_name: str) -> tuple[str, list[dict]]:
+    rows = []
+    for wl, key, label, kind, target in TARGETS:
+        if wl not in workloads:
+            continue
+        ours, peer = (median_of(results[s][wl], key) for s in ("ours", "peer"))
+        ratio = ours / peer if ours is not None and peer not in (None, 0) else None
+        if kind == "all":
+            n = median_of(results["ours"][wl], "compared")
+            target_text, met = f"{n:.0f}/{n:.0f}", ours is not None and ours == n
+        elif kind == "abs≤":
+            target_text, met = f"≤ {target} (ours)", ours is not None and ours <= target
+        else:
+            target_text = f"{kind[-1]} {target}×"
+            met = ratio is not None and (ratio >= target if kind == "ratio≥" else ratio <= target)
+        rows.append({"label": label, "ours": ours, "peer": peer, "ratio": ratio,
+                     "target": target_text, "met": met})
+    for wl, key, label in INFO:
+        if wl in workloads:
+            ours, peer = (median_of(results[s][wl], key) for s in ("ours", "peer"))
+            ratio = ours / peer if ours is not None and peer not in (None, 0) else None
+            rows.append({"label": label, "ours": ours, "peer": peer, "ratio": ratio,
+                         "target": "", "met": None})
+    head = (f"{'':<38} {'pagedllama':>11} {peer_name[:11]:>11} {'ratio':>7} {'target':>14} "
+            f"{'met':>4}")
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        def f(v):
+            return "-" if v is None else f"{v:.2f}" if abs(v) < 100 else f"{v:.0f}"
+        met = "" if r["met"] is None else ("yes" if r["met"] else "no")
+        lines.append(f"{r['label']:<38} {f(r['ours']):>11} {f(r['peer']):>11} "
+                     f"{f(r['ratio']):>7} {r['target']:>14} {met:>4}")
+    return "\n".join(lines), rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    peer, why = peer_spec(args)
+    if peer is None:
+        print(f"SKIPPED: {why}. Build llama-server with scripts/build_llama_server.sh (see "
+              "benchmarks/README.md), then pass --peer-bin PATH or set LLAMA_SERVER_BIN; or give "
+              "any OpenAI-compatible server with --peer-cmd.")
+        return 0
+    env = dict(kv.split("=", 1) for kv in args.our_env)
+    ours = our_server(args.model, args.threads, args.n_ctx, env)
+    results = {"ours": {w: [] for w in args.workloads}, "peer": {w: [] for w in args.workloads}}
+    with ExitStack() as stack:
+        bases = {"ours": stack.enter_context(launched(ours)),
+                 "peer": stack.enter_context(launched(peer))}
+        models = {side: first_model(base) for side, base in bases.items()}
+        for side in ("ours", "peer"):
+            asyncio.run(warmup(bases[side], args.endpoint, models[side], 2, args.seed))
+        # one calibration (against ours) so that both servers get exactly the same prompts
+        cal = asyncio.run(calibrate(bases["ours"], args.endpoint, models["ours"], args.seed))
+        for rep in range(args.reps):
+            for i, wl in enumerate(args.workloads):
+                order = ("ours", "peer") if (rep + i) % 2 == 0 else ("peer", "ours")
+                for side in order:
+                    r = asyncio.run(run_one(wl, bases[side], models[side], cal,
+                                            args.seed + 101 * rep, args))
+                    results[side][wl].append(r)
+                    print(f"[rep {rep + 1}] {wl:<14} {side:<5} {brief(wl, r)}", flush=True)
+    text, rows = comparison(results, args.workloads, peer.name)
+    print(f"\npagedllama vs {peer.name} · {Path(args.model).name} · {args.threads} threads · "
+          f"{args.parallel} streams/slots · context {args.n_ctx} per sequence · "
+          f"{args.reps} rep(s), median")
+    print(text)
+    if args.result_file:
+        Path(args.result_file).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.result_file).write_text(json.dumps(
+            {"config": vars(args), "peer_cmd": peer.cmd, "our_env": ours.env,
+             "calibration": vars(cal), "comparison": rows, "results": results}, indent=1,
+            default=str))
+        print(f"wrote {args.result_file}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,177 @@
+"""A long prompt arrives while streams are running: how long do the streams stall?
+
+N streams (short random prompts, ignore_eos) run until each has sent --settle-tokens chunks;
+then one ~--long-len-token prompt arrives. When it has finished, the streams run --tail seconds
+more and are stopped. Reported: the long prompt's TTFT, the streams' inter-token gaps (p50, p99
+and the largest: p99 hides a stall that happens once per stream) over their whole run and
+during the long prompt, and what the streams produced while it was in prefill.
+
+    python -m benchmarks.interference --base-url http://127.0.0.1:8000 --streams 8 --long-len 2000
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from benchmarks import datasets as ds
+from benchmarks.client import (RequestOutput, check_loopback, first_model, make_client, payload,
+                               send)
+from benchmarks.serve import calibrate, is_chat, request_input, warmup
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.interference", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--base-url", default="http://127.0.0.1:8000")
+    p.add_argument("--endpoint", default="/v1/completions",
+                   choices=["/v1/completions", "/v1/chat/completions"])
+    p.add_argument("--model", default=None, help="default: the first id in /v1/models")
+    p.add_argument("--streams", type=int, default=8)
+    p.add_argument("--stream-input-len", type=int, default=64)
+    p.add_argument("--stream-output-len", type=int, default=1024,
+                   help="max_tokens of a stream (it is stopped earlier, see --tail)")
+    p.add_argument("--long-len", type=int, default=2000, help="tokens of the long prompt")
+    p.add_argument("--long-output-len", type=int, default=16)
+    p.add_argument("--settle-tokens", type=int, default=8,
+                   help="chunks every stream has sent before the long prompt is sent")
+    p.add_argument("--tail", type=float, default=1.0, help="seconds after the long request")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--calibrate", default="probe", choices=["probe", "approx"])
+    p.add_argument("--time-limit", type=float, default=600.0)
+    p.add_argument("--result-file", default=None)
+    args = p.parse_args(argv)
+    if not 1 <= args.streams <= 64:
+        p.error("--streams must be in [1, 64]")
+    return args
+
+
+def pct_ms(values: list[float], q: float) -> float:
+    return float(np.percentile(np.asarray(values) * 1000, q)) if values else 0.0
+
+
+async def scenario(base: str, endpoint: str, model: str, cal: ds.Calibration, *, streams: int,
+                   stream_input_len: int, stream_output_len: int, long_len: int,
+                   long_output_len: int, settle_tokens: int, tail: float, seed: int,
+                   time_limit: float) -> dict:
+    chat, url = is_chat(endpoint), base + endpoint
+    stream_convs = ds.random_dataset(streams, stream_input_len, cal, seed, "streams")
+    long_conv = ds.random_dataset(1, long_len, cal, seed, "long")[0]
+    outs = [RequestOutput() for _ in range(streams)]
+    long_out = RequestOutput()
+    deadline = time.perf_counter() + time_limit
+    async with make_client(streams + 1, time_limit) as client:
+        tasks = [asyncio.create_task(send(
+            client, url, payload(model, request_input(c, 0, chat), chat, stream_output_len, True),
+            chat, time_limit, out)) for c, out in zip(stream_convs, outs)]
+        while (min(len(o.chunk_times) for o in outs) < settle_tokens
+               and time.perf_counter() < deadline and not all(t.done() for t in tasks)):
+            await asyncio.sleep(0.02)
+        long_body = payload(model, request_input(long_conv, 0, chat), chat, long_output_len, True)
+        await send(client, url, long_body, chat, max(1.0, deadline - time.perf_counter()),
+                   long_out)
+        await asyncio.sleep(tail)
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    return report(outs, long_out, streams, settle_tokens, tail)
+
+
+def report(outs: list[RequestOutput], long_out: RequestOutput, streams: int,
+           settle_tokens: int, tail: float) -> dict:
+    t_send = long_out.start
+    t_first = long_out.chunk_times[0] if long_out.chunk_times else long_out.end
+    t_end = long_out.end
+    gaps, window_gaps, per_stream_max = [], [], []
+    during_prefill = 0
+    for o in outs:
+        g = o.itl
+        gaps += g
+        per_stream_max.append(max(g, default=0.0))
+        # a gap "during the long request" overlaps [sent, finished]
+        window_gaps += [b - a for a, b in zip(o.chunk_times, o.chunk_times[1:])
+                        if b > t_send and a < t_end]
+        during_prefill += sum(1 for t in o.chunk_times if t_send <= t <= t_first)
+    # a stream that was stopped by us is fine; one that failed on its own, or that ended
+    # (max_tokens) before the long request finished, does not measure what we want
+    stream_ok = [(o.error in ("", "cancelled")) and len(o.chunk_times) >= settle_tokens
+                 for o in outs]
+    ended_early = sum(1 for o in outs if not o.error and o.end < t_end)
+    completed = sum(stream_ok) + (1 if long_out.ok else 0)
+    return {
+        "streams": streams, "sent": streams + 1, "completed": completed,
+        "failed": streams + 1 - completed,
+        "streams_ended_before_long_finished": ended_early,
+        "long_ok": long_out.ok, "long_error": long_out.error,
+        "long_prompt_tokens": long_out.prompt_tokens, "long_output_tokens": long_out.output_tokens,
+        "long_cached_tokens": long_out.cached_tokens,
+        "long_ttft_s": long_out.ttft if long_out.chunk_times else None,
+        "long_e2e_s": long_out.latency,
+        "stream_output_tokens": [len(o.chunk_times) for o in outs],
+        "stream_errors": [o.error for o in outs],
+        "itl_p50_ms": pct_ms(gaps, 50), "itl_p99_ms": pct_ms(gaps, 99),
+        "max_gap_s": max(gaps, default=0.0),
+        "during_long_itl_p50_ms": pct_ms(window_gaps, 50),
+        "during_long_itl_p99_ms": pct_ms(window_gaps, 99),
+        "during_long_max_gap_s": max(window_gaps, default=0.0),
+        "per_stream_max_gap_s": per_stream_max,
+        "stream_tokens_during_long_prefill": during_prefill,
+        "stream_tok_s_during_long_prefill": (during_prefill / (t_first - t_send)
+                                             if t_first > t_send else 0.0),
+        "tail_s": tail,
+    }
+
+
+def summary(r: dict) -> str:
+    ttft = "-" if r["long_ttft_s"] is None else f"{r['long_ttft_s']:.2f} s"
+    return "\n".join([
+        f"{r['streams']} streams + 1 long prompt ({r['long_prompt_tokens']} tokens): "
+        f"completed {r['completed']}, failed {r['failed']} of {r['sent']}",
+        f"  long prompt TTFT {ttft}, end-to-end {r['long_e2e_s']:.2f} s"
+        + (f"  [error: {r['long_error']}]" if r["long_error"] else ""),
+        f"  streams ITL p50 {r['itl_p50_ms']:.0f} ms, p99 {r['itl_p99_ms']:.0f} ms, "
+        f"largest gap {r['max_gap_s']:.2f} s",
+        f"  while the long prompt ran: ITL p50 {r['during_long_itl_p50_ms']:.0f} ms, p99 "
+        f"{r['during_long_itl_p99_ms']:.0f} ms, largest gap {r['during_long_max_gap_s']:.2f} s; "
+        f"{r['stream_tokens_during_long_prefill']} stream tokens during its prefill "
+        f"({r['stream_tok_s_during_long_prefill']:.1f} tok/s)",
+    ] + ([f"  WARNING: {r['streams_ended_before_long_finished']} stream(s) ended before the long "
+          "request finished: raise --stream-output-len"]
+         if r["streams_ended_before_long_finished"] else []))
+
+
+async def run(args: argparse.Namespace) -> dict:
+    base = check_loopback(args.base_url)
+    model = args.model or first_model(base)
+    await warmup(base, args.endpoint, model, args.warmup, args.seed)
+    cal = (await calibrate(base, args.endpoint, model, args.seed) if args.calibrate == "probe"
+           else ds.Calibration())
+    r = await scenario(base, args.endpoint, model, cal, streams=args.streams,
+                       stream_input_len=args.stream_input_len,
+                       stream_output_len=args.stream_output_len, long_len=args.long_len,
+                       long_output_len=args.long_output_len, settle_tokens=args.settle_tokens,
+                       tail=args.tail, seed=args.seed, time_limit=args.time_limit)
+    r.update(config={**vars(args), "model": model}, calibration=vars(cal))
+    return r
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    r = asyncio.run(run(args))
+    print(summary(r))
+    if args.result_file:
+        Path(args.result_file).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.result_file).write_text(json.dumps(r, indent=1))
+        print(f"wrote {args.result_file}")
+    return 0 if r["failed"] == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
