@@ -31,7 +31,8 @@ def check_loopback(base_url: str) -> str:
 
 
 def make_client(concurrency: int, timeout: float) -> httpx.AsyncClient:
-    limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency + 4)
+    n = concurrency + 4
+    limits = httpx.Limits(max_connections=n, max_keepalive_connections=n)
     return httpx.AsyncClient(timeout=httpx.Timeout(timeout, connect=10.0), limits=limits,
                              trust_env=False)
 

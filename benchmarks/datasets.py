@@ -130,7 +130,7 @@ def token_dataset(n: int, input_len: int, n_vocab: int, seed: int,
     return [[rng.randrange(low, n_vocab) for _ in range(input_len)] for _ in range(n)]
 
 
-# ---- rendering one request ------------------------------------------------------------------------
+# ---- rendering one request ----------------------------------------------------------------------
 def chat_messages(conv: Conversation, turn: int) -> list[dict]:
     messages = [{"role": "system", "content": conv.system}] if conv.system else []
     for i in range(turn):

@@ -13,16 +13,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import math
 import sys
 import time
 from pathlib import Path
 
+import httpx
 import numpy as np
 
 from benchmarks import datasets as ds
-from benchmarks.client import (RequestOutput, check_loopback, first_model, make_client, payload,
-                               send)
+from benchmarks.client import (NotLoopback, RequestOutput, check_loopback, first_model,
+                               make_client, payload, send)
 from benchmarks.serve import calibrate, is_chat, request_input, warmup
 
 
@@ -164,7 +164,11 @@ async def run(args: argparse.Namespace) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    r = asyncio.run(run(args))
+    try:
+        r = asyncio.run(run(args))
+    except (NotLoopback, httpx.HTTPError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     print(summary(r))
     if args.result_file:
         Path(args.result_file).parent.mkdir(parents=True, exist_ok=True)

@@ -122,7 +122,8 @@ def _wait_healthy(spec: ServerSpec, proc: subprocess.Popen, log_path: Path,
             raise RuntimeError(f"{spec.name} exited ({proc.returncode}); log {log_path}:\n"
                                f"{_tail(log_path)}")
         try:
-            if httpx.get(f"{spec.base_url}/health", timeout=2.0, trust_env=False).status_code == 200:
+            health = httpx.get(f"{spec.base_url}/health", timeout=2.0, trust_env=False)
+            if health.status_code == 200:
                 return
         except httpx.HTTPError:
             pass

@@ -31,7 +31,8 @@ def summarize(outputs: list[RequestOutput], duration: float) -> dict:
         "usage_reported": all(o.usage_reported for o in done) if done else None,
         "request_throughput": len(done) / duration if duration > 0 else 0.0,
         "output_throughput": output_tokens / duration if duration > 0 else 0.0,
-        "total_token_throughput": (input_tokens + output_tokens) / duration if duration > 0 else 0.0,
+        "total_token_throughput": ((input_tokens + output_tokens) / duration
+                                   if duration > 0 else 0.0),
     }
     report.update(stats_ms([o.ttft for o in done], "ttft"))
     report.update(stats_ms([t for o in done if (t := o.tpot) is not None], "tpot"))
@@ -51,7 +52,10 @@ def table(report: dict, title: str = "Serving Benchmark Result") -> str:
     lines = [f"{' ' + title + ' ':=^{w}}"]
 
     def row(label: str, value, fmt: str = "{:.2f}") -> None:
-        text = "-" if value is None else (fmt.format(value) if not isinstance(value, str) else value)
+        if value is None or isinstance(value, str):
+            text = value or "-"
+        else:
+            text = fmt.format(value)
         lines.append(f"{label:<34}{text:>{w - 34}}")
 
     row("Successful requests:", report["completed"], "{}")
@@ -63,7 +67,8 @@ def table(report: dict, title: str = "Serving Benchmark Result") -> str:
     row("Request throughput (req/s):", report["request_throughput"])
     row("Output token throughput (tok/s):", report["output_throughput"])
     row("Total token throughput (tok/s):", report["total_token_throughput"])
-    for name, label in (("ttft", "Time to First Token"), ("tpot", "Time per Output Token (excl. 1st token)"),
+    for name, label in (("ttft", "Time to First Token"),
+                        ("tpot", "Time per Output Token (excl. 1st token)"),
                         ("itl", "Inter-token Latency"), ("e2el", "End-to-end Latency")):
         lines.append(f"{' ' + label + ' ':-^{w}}")
         for stat in ("mean", "median", "p90", "p99", "max"):

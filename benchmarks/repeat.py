@@ -17,8 +17,11 @@ import sys
 import time
 from pathlib import Path
 
+import httpx
+
 from benchmarks import datasets as ds
-from benchmarks.client import check_loopback, first_model, make_client, payload, send
+from benchmarks.client import (NotLoopback, check_loopback, first_model, make_client, payload,
+                               send)
 from benchmarks.serve import calibrate, is_chat, request_input, warmup
 
 
@@ -100,7 +103,8 @@ def report(pairs, num_prompts: int) -> dict:
 
 
 def summary(r: dict) -> str:
-    cached = [p["second_cached_tokens"] for p in r["prompts"] if p["second_cached_tokens"] is not None]
+    cached = [p["second_cached_tokens"] for p in r["prompts"]
+              if p["second_cached_tokens"] is not None]
     lines = [f"same greedy request twice: identical text for {r['identical']} of {r['compared']} "
              f"prompts ({r['different']} differ); requests completed {r['completed']}, failed "
              f"{r['failed']} of {r['sent']}"]
@@ -109,7 +113,8 @@ def summary(r: dict) -> str:
                      f"average (prompts of ~{r['prompts'][0]['prompt_tokens']} tokens)")
     for i, p in enumerate(r["prompts"]):
         if p["first_difference_char"] is not None:
-            lines.append(f"  prompt {i}: answers differ from character {p['first_difference_char']}")
+            lines.append(f"  prompt {i}: answers differ from character "
+                         f"{p['first_difference_char']}")
     return "\n".join(lines)
 
 
@@ -129,7 +134,11 @@ async def run(args: argparse.Namespace) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    r = asyncio.run(run(args))
+    try:
+        r = asyncio.run(run(args))
+    except (NotLoopback, httpx.HTTPError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     print(summary(r))
     if args.result_file:
         Path(args.result_file).parent.mkdir(parents=True, exist_ok=True)

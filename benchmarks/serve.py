@@ -20,11 +20,12 @@ import sys
 import time
 from pathlib import Path
 
+import httpx
 from tqdm import tqdm
 
 from benchmarks import datasets as ds
-from benchmarks.client import (RequestOutput, check_loopback, complete, first_model, make_client,
-                               payload, send)
+from benchmarks.client import (NotLoopback, RequestOutput, check_loopback, complete,
+                               first_model, make_client, payload, send)
 from benchmarks.metrics import summarize, table
 
 MAX_PROMPTS = 10_000
@@ -39,7 +40,7 @@ def request_input(conv: ds.Conversation, turn: int, chat: bool):
     return ds.chat_messages(conv, turn) if chat else ds.completion_prompt(conv, turn)
 
 
-# ---- calibration ----------------------------------------------------------------------------------
+# ---- calibration --------------------------------------------------------------------------------
 async def calibrate(base_url: str, endpoint: str, model: str, seed: int = 0,
                     words: tuple[int, int] = (32, 256)) -> ds.Calibration:
     """Two probes of known word counts through the same endpoint give tokens per word and the
@@ -74,7 +75,7 @@ def build_dataset(name: str, n: int, input_len: int, cal: ds.Calibration, seed: 
     raise ValueError(f"unknown dataset {name!r}")
 
 
-# ---- running a workload ---------------------------------------------------------------------------
+# ---- running a workload -------------------------------------------------------------------------
 async def run_workload(base_url: str, endpoint: str, model: str,
                        conversations: list[ds.Conversation], *, max_concurrency: int,
                        request_rate: float = math.inf, output_len: int = 64,
@@ -137,7 +138,7 @@ async def warmup(base_url: str, endpoint: str, model: str, n: int, seed: int) ->
                        progress=False)
 
 
-# ---- the command ----------------------------------------------------------------------------------
+# ---- the command --------------------------------------------------------------------------------
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m benchmarks.serve", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -153,7 +154,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--input-len", type=int, default=64,
                    help="prompt tokens (shared-prefix: the unique question; chat: each user turn)")
     p.add_argument("--output-len", type=int, default=64, help="max_tokens of every request")
-    p.add_argument("--prefix-len", type=int, default=512, help="shared-prefix: system prompt tokens")
+    p.add_argument("--prefix-len", type=int, default=512,
+                   help="shared-prefix: system prompt tokens")
     p.add_argument("--num-prefixes", type=int, default=4, help="shared-prefix: distinct prefixes")
     p.add_argument("--turns", type=int, default=3, help="chat: user turns per conversation")
     p.add_argument("--ignore-eos", action="store_true")
@@ -257,7 +259,11 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as exc:
             print(exc, file=sys.stderr)
             return 2
-    result = asyncio.run(run(args))
+    try:
+        result = asyncio.run(run(args))
+    except (NotLoopback, httpx.HTTPError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     if args.result_file:
         Path(args.result_file).parent.mkdir(parents=True, exist_ok=True)
         Path(args.result_file).write_text(json.dumps(result, indent=1, default=str))

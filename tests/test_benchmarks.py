@@ -1,0 +1,180 @@
+"""Each benchmark command, at a tiny size, against a real server: the report has its fields
+and its counts add up (completed + failed = sent; token totals = the sum over requests)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from benchmarks.launch import find_peer_bin
+from tests.server_proc import ROOT
+
+LATENCY_KEYS = [f"{s}_{m}_ms" for m in ("ttft", "tpot", "itl", "e2el")
+                for s in ("mean", "median", "p90", "p99", "max")]
+
+
+def bench(module: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "LLAMA_SERVER_BIN"}
+    proc = subprocess.run([sys.executable, "-m", f"benchmarks.{module}", *args], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+    return proc
+
+
+def serve(server_url: str, tmp_path: Path, *args: str) -> dict:
+    out = tmp_path / "serve.json"
+    bench("serve", "--base-url", server_url, "--warmup", "0", "--disable-tqdm",
+          "--result-file", str(out), *args)
+    return json.loads(out.read_text())
+
+
+def check_serving_report(run: dict, sent: int, output_len: int | None = None) -> None:
+    assert run["sent"] == sent
+    assert run["completed"] + run["failed"] == run["sent"]
+    done = [r for r in run["requests"] if r["ok"]]
+    assert len(done) == run["completed"] and len(run["requests"]) == run["sent"]
+    assert run["total_output_tokens"] == sum(r["output_tokens"] for r in done)
+    assert run["total_input_tokens"] == sum(r["prompt_tokens"] for r in done)
+    if output_len is not None:
+        assert all(r["output_tokens"] == output_len for r in done)
+    for key in ["duration_s", "request_throughput", "output_throughput",
+                "total_token_throughput", *LATENCY_KEYS]:
+        assert isinstance(run[key], float) and run[key] >= 0, key
+    assert run["output_throughput"] == pytest.approx(
+        run["total_output_tokens"] / run["duration_s"])
+
+
+def test_serve_random_prompts_report_adds_up(server_url, tmp_path):
+    result = serve(server_url, tmp_path, "--dataset", "random", "--num-prompts", "3",
+                   "--max-concurrency", "2", "--input-len", "24", "--output-len", "4",
+                   "--ignore-eos")
+    run = result["runs"][0]
+    check_serving_report(run, sent=3, output_len=4)
+    assert run["completed"] == 3 and run["usage_reported"]
+    # calibrated by probing the server's usage: the prompts have about --input-len tokens
+    assert result["calibration"]["method"] == "probe"
+    assert all(20 <= r["prompt_tokens"] <= 28 for r in run["requests"])
+
+
+def test_serve_shared_prefix_reuses_the_prefix(server_url, tmp_path):
+    result = serve(server_url, tmp_path, "--dataset", "shared-prefix", "--num-prompts", "3",
+                   "--max-concurrency", "1", "--prefix-len", "150", "--num-prefixes", "1",
+                   "--input-len", "10", "--output-len", "3", "--ignore-eos", "--calibrate",
+                   "approx")
+    run = result["runs"][0]
+    check_serving_report(run, sent=3, output_len=3)
+    assert run["total_cached_tokens"] == sum(r["cached_tokens"] for r in run["requests"])
+
+
+def test_serve_chat_turns_resend_the_history(server_url, tmp_path):
+    result = serve(server_url, tmp_path, "--endpoint", "/v1/chat/completions", "--dataset",
+                   "chat", "--num-prompts", "2", "--turns", "2", "--input-len", "12",
+                   "--output-len", "3", "--ignore-eos", "--calibrate", "approx")
+    run = result["runs"][0]
+    check_serving_report(run, sent=2, output_len=3)
+    first, second = run["requests"]
+    assert second["prompt_tokens"] > first["prompt_tokens"] + first["output_tokens"]
+
+
+def test_serve_sweep_reports_each_concurrency_and_plots(server_url, tmp_path):
+    out = tmp_path / "sweep.json"
+    bench("serve", "--base-url", server_url, "--warmup", "0", "--disable-tqdm",
+          "--calibrate", "approx", "--num-prompts", "2", "--input-len", "8", "--output-len",
+          "2", "--ignore-eos", "--sweep-concurrency", "1,2", "--result-file", str(out))
+    runs = json.loads(out.read_text())["runs"]
+    assert [r["max_concurrency"] for r in runs] == [1, 2]
+    for run in runs:
+        check_serving_report(run, sent=2, output_len=2)
+    assert out.with_suffix(".png").stat().st_size > 0
+
+
+def test_serve_refuses_a_non_loopback_server(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.serve", "--base-url",
+                           "http://192.0.2.1:8000", "--num-prompts", "1"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0 and "loopback" in proc.stderr
+
+
+def test_engine_ceiling_counts_every_token(tmp_path):
+    out = tmp_path / "engine.json"
+    bench("engine", "--batch-sizes", "1,2", "--input-len", "8", "--output-len", "3",
+          "--result-file", str(out))
+    rows = json.loads(out.read_text())["runs"]
+    assert [r["n_streams"] for r in rows] == [1, 2]
+    for r in rows:
+        assert r["output_tokens"] == 3 * r["n_streams"]
+        assert r["prompt_tokens"] == 8 * r["n_streams"]
+        assert r["decode_steps"] == 2
+        assert r["prefill_tok_s"] > 0 and r["decode_tok_s"] > 0 and r["output_tok_s"] > 0
+
+
+def test_interference_reports_gaps_and_long_prompt(server_url, tmp_path):
+    out = tmp_path / "interference.json"
+    bench("interference", "--base-url", server_url, "--streams", "2", "--long-len", "300",
+          "--stream-output-len", "400", "--settle-tokens", "2", "--tail", "0.2",
+          "--warmup", "0", "--calibrate", "approx", "--result-file", str(out))
+    r = json.loads(out.read_text())
+    assert r["sent"] == 3 and r["completed"] + r["failed"] == r["sent"] and r["failed"] == 0
+    assert 280 <= r["long_prompt_tokens"] <= 320 and r["long_output_tokens"] == 16
+    assert r["long_ttft_s"] > 0
+    assert r["max_gap_s"] == max(r["per_stream_max_gap_s"])
+    assert r["max_gap_s"] * 1000 >= r["itl_p99_ms"] >= r["itl_p50_ms"] > 0
+    assert all(n >= 2 for n in r["stream_output_tokens"])
+
+
+def test_repeat_compares_both_answers(server_url, tmp_path):
+    out = tmp_path / "repeat.json"
+    bench("repeat", "--base-url", server_url, "--num-prompts", "2", "--input-len", "80",
+          "--output-len", "6", "--warmup", "0", "--calibrate", "approx",
+          "--result-file", str(out))
+    r = json.loads(out.read_text())
+    assert r["sent"] == 4 and r["completed"] + r["failed"] == r["sent"] and r["failed"] == 0
+    assert r["compared"] == 2 and r["identical"] + r["different"] == r["compared"]
+    assert r["total_output_tokens"] == sum(sum(p["output_tokens"]) for p in r["prompts"])
+    assert all(p["identical"] == (p["first_text"] == p["second_text"]) for p in r["prompts"])
+
+
+def test_core_compares_server_with_raw_loop(tmp_path):
+    out = tmp_path / "core.json"
+    bench("core", "--streams", "1,2", "--input-len", "8", "--output-len", "3",
+          "--disable-tqdm", "--result-file", str(out))
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["streams"] for r in rows] == [1, 2]
+    for r in rows:
+        n = r["streams"]
+        assert r["server_completed"] == n and r["server_failed"] == 0
+        assert r["server_output_tokens"] == r["raw_output_tokens"] == 3 * n
+        run = r["server_runs"][0]
+        check_serving_report(run, sent=n, output_len=3)
+        assert r["ratio"] == pytest.approx(r["server_output_tok_s"] / r["raw_output_tok_s"])
+    assert [r["target"] for r in rows] == [0.9, None]
+
+
+def test_compare_without_peer_binary_skips_cleanly():
+    proc = bench("compare", "--peer-bin", "/nonexistent/llama-server", timeout=60)
+    assert "SKIPPED" in proc.stdout and "/nonexistent/llama-server" in proc.stdout
+    assert "build_llama_server.sh" in proc.stdout
+
+
+@pytest.mark.skipif(find_peer_bin() is None,
+                    reason="no llama-server binary (see benchmarks/README.md)")
+def test_compare_against_llama_server_tiny(tmp_path):
+    out = tmp_path / "compare.json"
+    bench("compare", "--peer-bin", str(find_peer_bin()), "--parallel", "2",
+          "--input-len", "8", "--output-len", "3", "--single-prompts", "1",
+          "--concurrent-prompts", "2", "--prefix-len", "80", "--num-prefixes", "1",
+          "--question-len", "8", "--prefix-output-len", "2", "--prefix-prompts", "2",
+          "--interference-streams", "2", "--long-len", "150", "--repeat-prompts", "1",
+          "--repeat-input-len", "80", "--repeat-output-len", "4", "--disable-tqdm",
+          "--result-file", str(out), timeout=600)
+    r = json.loads(out.read_text())
+    for side in ("ours", "peer"):
+        for wl, runs in r["results"][side].items():
+            assert len(runs) == 1
+            assert runs[0]["completed"] + runs[0]["failed"] == runs[0]["sent"], (side, wl)
+            assert runs[0]["failed"] == 0, (side, wl, runs[0].get("errors"))
+    assert {row["label"] for row in r["comparison"]} >= {"random, 1 stream: output tok/s"}
