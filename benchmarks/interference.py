@@ -71,8 +71,9 @@ async def scenario(base: str, endpoint: str, model: str, cal: ds.Calibration, *,
         tasks = [asyncio.create_task(send(
             client, url, payload(model, request_input(c, 0, chat), chat, stream_output_len, True),
             chat, time_limit, out)) for c, out in zip(stream_convs, outs)]
+        # wait until every stream is running (a stream that ended already will not settle)
         while (min(len(o.chunk_times) for o in outs) < settle_tokens
-               and time.perf_counter() < deadline and not all(t.done() for t in tasks)):
+               and time.perf_counter() < deadline and not any(t.done() for t in tasks)):
             await asyncio.sleep(0.02)
         long_body = payload(model, request_input(long_conv, 0, chat), chat, long_output_len, True)
         await send(client, url, long_body, chat, max(1.0, deadline - time.perf_counter()),

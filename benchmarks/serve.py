@@ -124,7 +124,8 @@ async def run_workload(base_url: str, endpoint: str, model: str,
     duration = max((o.end for o in outputs), default=start) - start
     bar.close()
     report = summarize(outputs, duration)
-    report.update(max_concurrency=max_concurrency, request_rate=request_rate,
+    rate = request_rate if math.isfinite(request_rate) else "inf"   # JSON has no infinity
+    report.update(max_concurrency=max_concurrency, request_rate=rate,
                   planned=n_requests, requests=[o.record() for o in outputs])
     return report, outputs
 
@@ -211,8 +212,8 @@ async def run(args: argparse.Namespace) -> dict:
             desc=f"{args.dataset} c={c}")
         runs.append(report)
         print(table(report, f"{args.dataset} · concurrency {c}"), flush=True)
-    config = {k: v for k, v in vars(args).items()}
-    config.update(model=model, base_url=base)
+    config = dict(vars(args))
+    config.update(model=model, base_url=base, request_rate=str(args.request_rate))
     return {"config": config, "calibration": vars(cal), "runs": runs}
 
 
