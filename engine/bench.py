@@ -54,20 +54,24 @@ def time_prefill(ctx: Context, tokens: list[int], n_seqs: int = 1) -> float:
     return time.perf_counter() - t0
 
 
-def time_decode(ctx: Context, prompt: list[int], n_seqs: int, n_steps: int) -> float:
-    """Prefill `prompt` into n_seqs sequences (not timed), then time n_steps greedy decode steps,
-    each one llama_decode of one token per sequence. Returns the seconds of the steps."""
+def time_decode(ctx: Context, prompt: list[int], n_seqs: int, n_steps: int,
+                max_seconds: float | None = None) -> tuple[float, int]:
+    """Prefill `prompt` into n_seqs sequences (not timed), then time up to n_steps greedy decode
+    steps, each one llama_decode of one token per sequence; stop early once max_seconds have
+    passed (at least one step runs). Returns (seconds, steps run)."""
     clear(ctx)
     _decode(ctx, [(s, prompt, 0, True) for s in range(n_seqs)])
     last = [len(prompt) * (s + 1) - 1 for s in range(n_seqs)]
     next_tokens = [int(np.argmax(ctx.logits(i))) for i in last]
     pos = len(prompt)
     t0 = time.perf_counter()
-    for _ in range(n_steps):
+    for step in range(1, n_steps + 1):
         _decode(ctx, [(s, [next_tokens[s]], pos, True) for s in range(n_seqs)])
         next_tokens = [int(np.argmax(ctx.logits(s))) for s in range(n_seqs)]
         pos += 1
-    return time.perf_counter() - t0
+        if max_seconds is not None and time.perf_counter() - t0 > max_seconds:
+            break
+    return time.perf_counter() - t0, step
 
 
 def generate_timed(ctx: Context, prompt: list[int], n_tokens: int, kv_cache: bool = True,

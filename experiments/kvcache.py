@@ -14,10 +14,10 @@ from pathlib import Path
 import matplotlib.ticker
 from tqdm import tqdm
 
-from engine import ChatTemplate, Model
+from engine import Model
 from engine import bench
 from experiments import common
-from experiments.texts import CHAT_PROMPT
+from experiments.texts import STORY_PROMPT
 
 PUBLISHED = ("KV cache: 27 tok/s vs 1.1 tok/s without", 27.0, 1.1)
 
@@ -33,19 +33,11 @@ def settings(args) -> dict:
             "threads": args.threads or common.n_cores()}
 
 
-def chat_prompt(model: Model, text: str) -> list[int]:
-    if model.chat_template is None:
-        return model.tokenize(text)
-    template = ChatTemplate(model.chat_template, model.token_text(model.bos_id),
-                            model.token_text(model.eos_id))
-    return model.tokenize(template.render([{"role": "user", "content": text}]), add_special=False)
-
-
 def run(args) -> dict:
     cfg = settings(args)
     info = common.machine_info()
     model = Model(args.model)
-    prompt = chat_prompt(model, CHAT_PROMPT)
+    prompt = model.tokenize(STORY_PROMPT)
     n_max = cfg["tokens"][-1]
     size = len(prompt) + n_max + 8
     ctx = bench.make_context(model, n_ctx=size, n_batch=size, n_threads=cfg["threads"])

@@ -79,7 +79,7 @@ def log_softmax(logits: np.ndarray) -> np.ndarray:
 
 def compare(ref_logp: np.ndarray, logits: np.ndarray, tokens: list[int]) -> dict:
     """KL(source || model) per position, top-1 agreement and the model's NLL of the text."""
-    logq = log_softmax(logits)
+    logq = log_softmax(logits).astype(np.float32).astype(np.float64)   # same rounding as ref_logp
     kl = (np.exp(ref_logp) * (ref_logp - logq)).sum(axis=1)
     top1 = ref_logp.argmax(axis=1) == logq.argmax(axis=1)
     nll = -logq[np.arange(len(tokens) - 1), tokens[1:]]
@@ -139,8 +139,8 @@ def run(args) -> dict:
             model, ctx, _ = loaded[i]
             samples[i]["prefill"].append(len(speed_prompt) / bench.time_prefill(ctx, speed_prompt))
             bar.update()
-            samples[i]["decode"].append(cfg["decode_steps"] / bench.time_decode(
-                ctx, speed_prompt[:16], 1, cfg["decode_steps"]))
+            seconds, steps = bench.time_decode(ctx, speed_prompt[:16], 1, cfg["decode_steps"])
+            samples[i]["decode"].append(steps / seconds)
             bar.update()
         for i in order:                             # fresh processes: load time and memory
             samples[i]["probe"].append(bench.probe_load_subprocess(entries[i]["path"], cfg["threads"]))

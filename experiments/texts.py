@@ -82,4 +82,6 @@ PASSAGES = [
     "were published.",
 ]
 
-CHAT_PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle."
+# a short plain-text prompt, so that without a KV cache the context grows several-fold over
+# even 50 tokens
+STORY_PROMPT = "The old lighthouse keeper found a message in a bottle. It said:"

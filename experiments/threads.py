@@ -19,6 +19,7 @@ from engine import bench
 from experiments import common
 from experiments.texts import PASSAGES
 
+MAX_DECODE_SECONDS = 10.0
 METRICS = {  # name: (label, batch size, follows n_threads_batch?)
     "prefill_b1": ("prefill, batch 1", 1, True),
     "prefill_b8": ("prefill, batch 8", 8, True),
@@ -49,11 +50,14 @@ def settings(args) -> dict:
 
 
 def measure(ctx, metric: str, prompt: list[int], steps: int) -> float:
-    """tok/s of one measurement."""
+    """tok/s of one measurement. Decode stops early after MAX_DECODE_SECONDS: with more threads
+    than free cores a step can take seconds (threads spin at barriers waiting for a descheduled
+    peer), and the rate is clear long before."""
     _, batch, _ = METRICS[metric]
     if metric.startswith("prefill"):
         return batch * len(prompt) / bench.time_prefill(ctx, prompt, batch)
-    return batch * steps / bench.time_decode(ctx, prompt, batch, steps)
+    seconds, done = bench.time_decode(ctx, prompt, batch, steps, max_seconds=MAX_DECODE_SECONDS)
+    return batch * done / seconds
 
 
 def run(args) -> dict:
@@ -146,19 +150,22 @@ def plot(result: dict):
     fig, axes = common.figure(len(METRICS), width=3.8, height=3.2)
     for ax, (m, (label, _, follows_batch)) in zip(axes, METRICS.items()):
         x_key, line_key = ("n_threads_batch", "n_threads") if follows_batch else ("n_threads", "n_threads_batch")
-        for line in sorted({r[line_key] for r in rows}):
-            pts = sorted((r[x_key], r[m]) for r in rows if r[line_key] == line)
+        diagonal = result["settings"]["diagonal"]
+        for line in [None] if diagonal else sorted({r[line_key] for r in rows}):
+            pts = sorted(((r[x_key], r[m]) for r in rows if diagonal or r[line_key] == line),
+                         key=lambda p: p[0])
             xs = [x for x, _ in pts]
             med = [s["median"] for _, s in pts]
             err = [[s["median"] - s["min"] for _, s in pts], [s["max"] - s["median"] for _, s in pts]]
-            tag = "" if result["settings"]["diagonal"] else f"{line_key}={line}"
-            ax.errorbar(xs, med, yerr=err, marker="o", capsize=3, label=tag or None)
+            ax.errorbar(xs, med, yerr=err, marker="o", capsize=3,
+                        label=None if diagonal else f"{line_key}={line}")
+        ax.set_xticks(sorted({r[x_key] for r in rows}))
         ax.axvline(cores, color="grey", linestyle="--", linewidth=1)
         ax.set_title(label, fontsize=10)
-        ax.set_xlabel(x_key if not result["settings"]["diagonal"] else "threads (both)")
+        ax.set_xlabel("threads (both)" if diagonal else x_key)
         ax.set_ylabel("tok/s")
         ax.set_ylim(bottom=0)
-        if not result["settings"]["diagonal"]:
+        if not diagonal:
             ax.legend(fontsize=7)
     fig.suptitle(f"Thread sweep ({cores} cores, dashed line); median, bars = min–max", fontsize=10)
     return fig
