@@ -27,9 +27,9 @@ def first_token_time(base, priority, content, max_tokens=24):
 def test_priority_requests_overtake_a_flood_of_low_priority_ones():
     env = {"PAGEDLLAMA_SCHEDULER": "priority", "PAGEDLLAMA_MAX_SEQS": "2"}
     with running_server(env) as base:
-        with ThreadPoolExecutor(12) as pool:
-            flood = [pool.submit(first_token_time, base, 10, f"Tell story number {i}.", 40)
-                     for i in range(8)]
+        with ThreadPoolExecutor(14) as pool:
+            flood = [pool.submit(first_token_time, base, 10, f"Tell story number {i}.", 48)
+                     for i in range(10)]
             time.sleep(1.0)
             vips = [pool.submit(first_token_time, base, 0, f"Say {w}.", 8)
                     for w in ("yes", "no", "maybe", "hello")]
