@@ -23,6 +23,7 @@ import argparse
 import asyncio
 import json
 import os
+import signal
 import statistics
 import sys
 from contextlib import ExitStack
@@ -87,6 +88,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     g.add_argument("--prefix-output-len", type=int, default=32)
     g.add_argument("--prefix-prompts", type=int, default=64)
     g.add_argument("--interference-streams", type=int, default=8)
+    g.add_argument("--interference-stream-output-len", type=int, default=1024,
+                   help="max_tokens of a running stream (stopped 1 s after the long request)")
     g.add_argument("--long-len", type=int, default=2000)
     g.add_argument("--repeat-prompts", type=int, default=10)
     g.add_argument("--repeat-input-len", type=int, default=300)
@@ -102,6 +105,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(f"unknown workloads {sorted(unknown)}; choose from {', '.join(WORKLOADS)}")
     if not 1 <= args.reps <= 10:
         p.error("--reps must be in [1, 10]")
+    if "interference" in args.workloads and args.interference_streams >= args.parallel:
+        p.error("--interference-streams must be below --parallel: the long prompt needs a free "
+                "slot on a server with --parallel slots")
     return args
 
 
@@ -149,7 +155,8 @@ async def run_one(workload: str, base: str, model: str, cal: ds.Calibration, see
     if workload == "interference":
         return await interference.scenario(
             base, args.endpoint, model, cal, streams=args.interference_streams,
-            stream_input_len=args.input_len, stream_output_len=1024, long_len=args.long_len,
+            stream_input_len=args.input_len,
+            stream_output_len=args.interference_stream_output_len, long_len=args.long_len,
             long_output_len=16, settle_tokens=8, tail=1.0, seed=seed, time_limit=args.time_limit)
     if workload == "repeat":
         return await repeat.scenario(
@@ -212,6 +219,8 @@ def comparison(results: dict, workloads: list[str], peer_name: str) -> tuple[str
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    # on SIGTERM, unwind so that both servers are stopped
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     peer, why = peer_spec(args)
     if peer is None:
         print(f"SKIPPED: {why}. Build llama-server with scripts/build_llama_server.sh (see "

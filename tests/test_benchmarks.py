@@ -164,11 +164,12 @@ def test_compare_without_peer_binary_skips_cleanly():
                     reason="no llama-server binary (see benchmarks/README.md)")
 def test_compare_against_llama_server_tiny(tmp_path):
     out = tmp_path / "compare.json"
-    bench("compare", "--peer-bin", str(find_peer_bin()), "--parallel", "2",
+    bench("compare", "--peer-bin", str(find_peer_bin()), "--parallel", "3",
           "--input-len", "8", "--output-len", "3", "--single-prompts", "1",
           "--concurrent-prompts", "2", "--prefix-len", "80", "--num-prefixes", "1",
           "--question-len", "8", "--prefix-output-len", "2", "--prefix-prompts", "2",
-          "--interference-streams", "2", "--long-len", "150", "--repeat-prompts", "1",
+          "--interference-streams", "2", "--interference-stream-output-len", "300",
+          "--long-len", "150", "--repeat-prompts", "1",
           "--repeat-input-len", "80", "--repeat-output-len", "4", "--disable-tqdm",
           "--result-file", str(out), timeout=600)
     r = json.loads(out.read_text())
