@@ -190,8 +190,8 @@ def comparison(results: dict, workloads: list[str], peer_name: str) -> tuple[str
         ours, peer = (median_of(results[s][wl], key) for s in ("ours", "peer"))
         ratio = ours / peer if ours is not None and peer not in (None, 0) else None
         if kind == "all":
-            n = median_of(results["ours"][wl], "compared")
-            target_text, met = f"{n:.0f}/{n:.0f}", ours is not None and ours == n
+            n = median_of(results["ours"][wl], "compared") or 0
+            target_text, met = f"{n:.0f}/{n:.0f}", ours is not None and n > 0 and ours == n
         elif kind == "abs≤":
             target_text, met = f"≤ {target} (ours)", ours is not None and ours <= target
         else:
