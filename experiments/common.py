@@ -72,8 +72,17 @@ def write_outputs(out: Path, name: str, result: dict, markdown: str, figure) -> 
     paths["json"].write_text(json.dumps(result, indent=1, default=_jsonable) + "\n")
     figure.savefig(paths["png"], dpi=80, bbox_inches="tight")
     plt.close(figure)
+    _shrink_png(paths["png"])
     paths["md"].write_text(markdown + "\n")
     return paths
+
+
+def _shrink_png(path: Path) -> None:
+    """Plots have few colours: a 256-colour palette keeps them a few times smaller."""
+    from PIL import Image
+    with Image.open(path) as image:
+        small = image.convert("RGB").quantize(colors=256, method=Image.Quantize.MEDIANCUT)
+    small.save(path, optimize=True)
 
 
 def _jsonable(value):

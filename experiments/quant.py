@@ -105,59 +105,17 @@ def run(args) -> dict:
     source_model = args.model.resolve()
     paths = ladder_paths(source_model, Path(args.ladder_dir), cfg["types"])
     built = build_ladder(source_model, paths, cfg["threads"])
-    entries = [{"label": "F16", "role": "source", "path": paths["F16"]},
-               {"label": f"{quantize.tensor_mix(source_model)['declared_type']} (shipped)",
-                "role": "shipped", "path": source_model}]
-    entries += [{"label": t, "role": "ladder", "path": paths[t]} for t in cfg["types"]]
-    for e in entries:
-        e.update(quantize.tensor_mix(e["path"]))
-        e["build"] = built.get(e["label"]) if e["role"] != "shipped" else None
-
-    texts = [PASSAGES[i] for i in range(cfg["quality_texts"])]
-    repeats, n = cfg["repeats"], len(entries)
-    bar = tqdm(total=n * (1 + 3 * repeats), desc="quant: measure", unit="step")
-    loaded = []
-    for e in entries:                               # load everything, then quality, then speed
-        model = Model(e["path"])
-        tokens = [model.tokenize(t)[:cfg["quality_max_tokens"]] for t in texts]
-        longest = max(cfg["prefill_tokens"], max(len(t) for t in tokens))
-        ctx = bench.make_context(model, n_ctx=longest + cfg["decode_steps"] + 32, n_batch=longest,
-                                 n_threads=cfg["threads"])
-        loaded.append((model, ctx, tokens))
-    ref = [log_softmax(bench.position_logits(loaded[0][1], t)).astype(np.float32) for t in loaded[0][2]]
-    for e, (model, ctx, tokens) in zip(entries, loaded):
-        assert tokens == loaded[0][2], "all ladder files must share the source's tokenizer"
-        e["quality"] = quality([compare(r, bench.position_logits(ctx, t), t) for r, t in zip(ref, tokens)])
-        bar.update()
-    del ref
-
-    speed_prompt = loaded[0][0].tokenize(" ".join(PASSAGES))[:cfg["prefill_tokens"]]
-    samples = [{"prefill": [], "decode": [], "probe": []} for _ in entries]
-    for rep in range(repeats):
-        order = list(range(n))[rep % n:] + list(range(n))[:rep % n]   # rotate against drift
-        for i in order:
-            model, ctx, _ = loaded[i]
-            samples[i]["prefill"].append(len(speed_prompt) / bench.time_prefill(ctx, speed_prompt))
-            bar.update()
-            seconds, steps = bench.time_decode(ctx, speed_prompt[:16], 1, cfg["decode_steps"])
-            samples[i]["decode"].append(steps / seconds)
-            bar.update()
-        for i in order:                             # fresh processes: load time and memory
-            samples[i]["probe"].append(bench.probe_load_subprocess(entries[i]["path"], cfg["threads"]))
-            bar.update()
+    entries = describe(source_model, paths, built, cfg["types"])
+    bar = tqdm(total=len(entries) * (1 + 3 * cfg["repeats"]), desc="quant: measure", unit="step")
+    loaded = [load(e["path"], cfg) for e in entries]     # all loaded at once: speed runs interleave
+    measure_quality(entries, loaded, bar)
+    samples = measure_speed(entries, loaded, cfg, bar)
     bar.close()
     for model, ctx, _ in loaded:
         ctx.close()
         model.close()
-
     for e, s in zip(entries, samples):
-        e["prefill_tok_s"] = common.summary(s["prefill"])
-        e["decode_tok_s"] = common.summary(s["decode"])
-        e["load_s"] = common.summary([p["load_s"] for p in s["probe"]])
-        e["rss_mib"] = common.summary([p["rss_generated_mib"] for p in s["probe"]])
-        e["rss_model_mib"] = common.summary([p["rss_generated_mib"] - p["rss_start_mib"] for p in s["probe"]])
-        e["generated_text"] = s["probe"][0]["generated_text"]
-        e["path"] = str(e["path"])
+        summarise(e, s)
     result = {"experiment": "quant", "settings": cfg, "source_model": str(source_model),
               "machine": common.finish_machine_info(info), "entries": entries,
               "quality_positions": entries[0]["quality"]["positions"]}
@@ -165,6 +123,69 @@ def run(args) -> dict:
     print(markdown)
     common.write_outputs(Path(args.out), "quant", result, markdown, plot(result))
     return result
+
+
+def describe(source_model: Path, paths: dict[str, Path], built: dict, types: list[str]) -> list[dict]:
+    """The rows: the F16 source, the shipped model for reference, then the ladder; each with
+    the tensor types its file really holds."""
+    entries = [{"label": "F16", "role": "source", "path": paths["F16"], "build": built["F16"]},
+               {"label": f"{quantize.tensor_mix(source_model)['declared_type']} (shipped)",
+                "role": "shipped", "path": source_model, "build": None}]
+    entries += [{"label": t, "role": "ladder", "path": paths[t], "build": built[t]} for t in types]
+    for e in entries:
+        e.update(quantize.tensor_mix(e["path"]))
+    return entries
+
+
+def load(path: Path, cfg: dict):
+    """(model, context, tokens of the quality texts) for one file."""
+    model = Model(path)
+    tokens = [model.tokenize(PASSAGES[i])[:cfg["quality_max_tokens"]] for i in range(cfg["quality_texts"])]
+    longest = max(cfg["prefill_tokens"], max(len(t) for t in tokens))
+    ctx = bench.make_context(model, n_ctx=longest + cfg["decode_steps"] + 32, n_batch=longest,
+                             n_threads=cfg["threads"])
+    return model, ctx, tokens
+
+
+def measure_quality(entries: list[dict], loaded: list, bar) -> None:
+    _, source_ctx, source_tokens = loaded[0]
+    ref = [log_softmax(bench.position_logits(source_ctx, t)).astype(np.float32) for t in source_tokens]
+    for e, (_, ctx, tokens) in zip(entries, loaded):
+        assert tokens == source_tokens, "all ladder files must share the source's tokenizer"
+        e["quality"] = quality([compare(r, bench.position_logits(ctx, t), t) for r, t in zip(ref, tokens)])
+        bar.update()
+
+
+def measure_speed(entries: list[dict], loaded: list, cfg: dict, bar) -> list[dict]:
+    """Per entry: prefill and decode tok/s in this process, load probes in fresh processes;
+    each repeat visits every entry (in a rotated order) so drifts in load spread over all."""
+    prompt = loaded[0][0].tokenize(" ".join(PASSAGES))[:cfg["prefill_tokens"]]
+    n = len(entries)
+    samples = [{"prefill": [], "decode": [], "probe": []} for _ in entries]
+    for rep in range(cfg["repeats"]):
+        order = list(range(n))[rep % n:] + list(range(n))[:rep % n]
+        for i in order:
+            ctx = loaded[i][1]
+            samples[i]["prefill"].append(len(prompt) / bench.time_prefill(ctx, prompt))
+            bar.update()
+            seconds, steps = bench.time_decode(ctx, prompt[:16], 1, cfg["decode_steps"])
+            samples[i]["decode"].append(steps / seconds)
+            bar.update()
+        for i in order:
+            samples[i]["probe"].append(bench.probe_load_subprocess(entries[i]["path"], cfg["threads"]))
+            bar.update()
+    return samples
+
+
+def summarise(e: dict, s: dict) -> None:
+    e["prefill_tok_s"] = common.summary(s["prefill"])
+    e["decode_tok_s"] = common.summary(s["decode"])
+    e["load_s"] = common.summary([p["load_s"] for p in s["probe"]])
+    e["rss_mib"] = common.summary([p["rss_generated_mib"] for p in s["probe"]])
+    e["rss_anon_mib"] = common.summary([p["rss_anon_mib"] for p in s["probe"]])
+    e["rss_start_mib"] = min(p["rss_start_mib"] for p in s["probe"])
+    e["generated_text"] = s["probe"][0]["generated_text"]
+    e["path"] = str(e["path"])
 
 
 def mix_text(e: dict) -> str:
@@ -180,23 +201,31 @@ def report(result: dict) -> str:
         kl = "0 (reference)" if e["role"] == "source" else \
             f"{q['kl_mean']:.4f} ({q['kl_text_min']:.4f}–{q['kl_text_max']:.4f})"
         rows.append([e["label"], f"{e['file_bytes'] / 2**20:.0f}", f"{e['bpw_all']:.2f}", mix_text(e),
-                     e["token_embd_type"], common.fmt(e["load_s"], 2), common.fmt(e["rss_mib"]),
+                     e["token_embd_type"], common.fmt(e["load_s"], 2),
+                     f"{e['rss_mib']['median']:.0f} / {e['rss_anon_mib']['median']:.0f}",
                      common.fmt(e["prefill_tok_s"]), common.fmt(e["decode_tok_s"]), kl,
                      f"{q['top1_pct']:.1f}", f"{q['ppl']:.2f}"])
     table = common.markdown_table(
         ["type", "MiB", "bpw", "tensor types held (share of weights)", "token_embd", "load s",
-         "RSS MiB", f"prefill tok/s (pp{cfg['prefill_tokens']})", f"decode tok/s (tg{cfg['decode_steps']})",
+         "RSS / anon MiB", f"prefill tok/s (pp{cfg['prefill_tokens']})", f"decode tok/s (tg{cfg['decode_steps']})",
          "KL mean (per-text range)", "top-1 %", "PPL"], rows)
     ladder = [e for e in entries if e["role"] != "shipped"]
-    sizes = [e["file_bytes"] for e in ladder]
-    shrinking = all(a > b for a, b in zip(sizes, sizes[1:]))
+    growing = [f"{a['label']} → {b['label']} ({a['file_bytes'] / 2**20:.0f} → {b['file_bytes'] / 2**20:.0f} MiB)"
+               for a, b in zip(ladder, ladder[1:]) if b["file_bytes"] >= a["file_bytes"]]
     m = result["machine"]
     lines = [f"quant: {cfg['threads']} threads; quality over {result['quality_positions']} positions of "
              f"{cfg['quality_texts']} fixed texts against the F16 source (itself the dequantized shipped "
-             f"model); speed median (min–max) of {cfg['repeats']} repeats; RSS after loading and "
-             f"generating 8 tokens in a fresh process; load average {m['load_average_start'][0]:.1f} → "
+             f"model); speed median (min–max) of {cfg['repeats']} repeats; load time (page cache warm) and "
+             f"RSS (total / anonymous) after loading and generating 8 tokens in a fresh process; load average {m['load_average_start'][0]:.1f} → "
              f"{m['load_average_end'][0]:.1f}", "", table, "",
-             f"File sizes shrink at every step down the ladder: {shrinking}."]
+             "File sizes shrink at every step down the ladder." if not growing else
+             "Steps down the ladder where the file does NOT shrink (K-quant fallbacks): " + "; ".join(growing) + ".",
+             f"A fresh process holds {result['entries'][0]['rss_start_mib']:.0f} MiB before loading "
+             "(Python, numpy, llama.cpp); the anonymous part beyond that is memory llama.cpp "
+             "allocated (repacked weights, KV cache, buffers), the rest are mapped file pages.",
+             "Built now (seconds): " + (", ".join(f"{e['label']} {e['build']['seconds']:.1f}"
+                                                   for e in entries if e["build"] and not e["build"]["cached"])
+                                        or "none, all cached") + "."]
     for e in entries:
         if e["role"] == "ladder" and e["label"] != (e["declared_type"] or e["label"]):
             lines.append(f"- {e['label']}: file declares {e['declared_type']}")
@@ -210,7 +239,7 @@ def report(result: dict) -> str:
 
 def plot(result: dict):
     entries = result["entries"]
-    fig, axes = common.figure(2, width=5.0, height=3.8)
+    fig, axes = common.figure(2, width=6.0, height=4.2)
     source = entries[0]
     others = [e for e in entries if e["role"] != "source"]
     kls = [max(e["quality"]["kl_mean"], 1e-6) for e in others]
@@ -218,8 +247,9 @@ def plot(result: dict):
         med = [e[key]["median"] for e in others]
         err = [[e[key]["median"] - e[key]["min"] for e in others], [e[key]["max"] - e[key]["median"] for e in others]]
         ax.errorbar(kls, med, yerr=err, fmt="o", capsize=3)
-        for x, y, e in zip(kls, med, others):
-            ax.annotate(e["label"], (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
+        for k, (x, y, e) in enumerate(zip(kls, med, others)):
+            ax.annotate(e["label"], (x, y), textcoords="offset points", fontsize=7,
+                        xytext=(5, 4) if k % 2 else (5, -10))
         ax.axhline(source[key]["median"], color="grey", linestyle="--", linewidth=1)
         ax.annotate("F16 source", (min(kls), source[key]["median"]), fontsize=7, color="grey",
                     textcoords="offset points", xytext=(0, 3))
