@@ -26,6 +26,7 @@ import os
 import signal
 import statistics
 import sys
+import time
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -231,8 +232,10 @@ def main(argv: list[str] | None = None) -> int:
     ours = our_server(args.model, args.threads, args.n_ctx, env)
     results = {"ours": {w: [] for w in args.workloads}, "peer": {w: [] for w in args.workloads}}
     with ExitStack() as stack:
+        t0 = time.perf_counter()
         bases = {"ours": stack.enter_context(launched(ours)),
                  "peer": stack.enter_context(launched(peer))}
+        print(f"servers up in {time.perf_counter() - t0:.0f} s: {' '.join(peer.cmd)}", flush=True)
         models = {side: first_model(base) for side, base in bases.items()}
         for side in ("ours", "peer"):
             asyncio.run(warmup(bases[side], args.endpoint, models[side], 2, args.seed))
@@ -242,10 +245,12 @@ def main(argv: list[str] | None = None) -> int:
             for i, wl in enumerate(args.workloads):
                 order = ("ours", "peer") if (rep + i) % 2 == 0 else ("peer", "ours")
                 for side in order:
+                    t0 = time.perf_counter()
                     r = asyncio.run(run_one(wl, bases[side], models[side], cal,
                                             args.seed + 101 * rep, args))
                     results[side][wl].append(r)
-                    print(f"[rep {rep + 1}] {wl:<14} {side:<5} {brief(wl, r)}", flush=True)
+                    print(f"[rep {rep + 1}] {wl:<14} {side:<5} {brief(wl, r)} "
+                          f"({time.perf_counter() - t0:.0f} s)", flush=True)
     text, rows = comparison(results, args.workloads, peer.name)
     print(f"\npagedllama vs {peer.name} · {Path(args.model).name} · {args.threads} threads · "
           f"{args.parallel} streams/slots · context {args.n_ctx} per sequence · "
