@@ -118,10 +118,10 @@ class BlockManager:
         """Close a sequence. Cached blocks stay (LRU evictable, tail first); the rest is freed."""
         seq_id = alloc.seq_id
         self.live.discard(seq_id)
-        n_cached = 0
-        while n_cached < len(alloc.blocks) and alloc.blocks[n_cached].hash is not None:
-            n_cached += 1
-        owned = [b for b in alloc.blocks[:n_cached] if b.owner == seq_id]
+        # A holder keeps its cells up to the end of the last block it owns: blocks after it
+        # (shared from another owner, or not cached) are removed from it.
+        owned = [b for b in alloc.blocks if b.owner == seq_id and b.hash is not None]
+        n_keep = owned[-1].index + 1 if owned else 0
         for block in reversed(alloc.blocks):
             block.ref_count -= 1
             if block.ref_count == 0:
@@ -134,9 +134,9 @@ class BlockManager:
         if seq_id not in self.owned:
             self._release_seq_id(seq_id)
         elif not self.share_cells and self.free_seq_ids and max(self.free_seq_ids) > seq_id:
-            self._move_holder(seq_id, max(self.free_seq_ids), n_cached * self.block_size, owned)
+            self._move_holder(seq_id, max(self.free_seq_ids), n_keep * self.block_size, owned)
         else:
-            self.ops.append(RemoveOp(seq_id, n_cached * self.block_size))
+            self.ops.append(RemoveOp(seq_id, n_keep * self.block_size))
 
     def _move_holder(self, src: int, dst: int, n_tokens: int, owned: list[Block]) -> None:
         """Hand the cached blocks src owns, and its cells [0, n_tokens), to seq id dst."""
@@ -164,7 +164,9 @@ class BlockManager:
 
     def commit(self, alloc: SeqAlloc, tokens: Sequence[int], num_computed: int) -> None:
         """Register in the prefix cache the blocks that the first num_computed tokens fill.
-        A block the cache already holds (computed twice at once) is swapped for the cached one."""
+        A block the cache already holds (computed twice at once) is swapped for the cached one
+        in a unified cache; with split KV the sequence keeps its own copy (cells cannot be
+        shared across streams) and registers the blocks after it as usual."""
         if not self.prefix_caching:
             return
         bs = self.block_size
@@ -180,8 +182,10 @@ class BlockManager:
             h, block_tokens = alloc.hashes[i], tuple(tokens[i * bs:(i + 1) * bs])
             twin = self.cache.get(h)
             if twin is not None:
-                if twin.tokens != block_tokens or not self.share_cells:
-                    return  # a collision, or split KV (no cell sharing): leave the rest uncached
+                if twin.tokens != block_tokens:
+                    return  # a hash collision: leave the rest of this sequence uncached
+                if not self.share_cells:
+                    continue
                 self.ops += [RemoveOp(alloc.seq_id, i * bs, (i + 1) * bs),
                              CopyOp(twin.owner, alloc.seq_id, i * bs, (i + 1) * bs)]
                 self._ref(twin)
@@ -189,8 +193,11 @@ class BlockManager:
                 block.reset()
                 self.free_list.append(block)
                 continue
+            parent = self.cache.get(alloc.hashes[i - 1]) if i else None
+            if i and parent is None:
+                return  # the chain above was evicted meanwhile: nothing after it can be found
             block.hash, block.tokens, block.owner, block.index = h, block_tokens, alloc.seq_id, i
-            block.parent = alloc.blocks[i - 1] if i else None
+            block.parent = parent
             if block.parent is not None:
                 block.parent.n_children += 1
             self.cache[h] = block
