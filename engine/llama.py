@@ -179,7 +179,7 @@ class Context:
         size = C.llama_state_seq_get_size(self.ptr, seq_id)
         buf = (ctypes.c_uint8 * size)()
         written = C.llama_state_seq_get_data(self.ptr, buf, size, seq_id)
-        self._saved[key] = bytes(buf[:written])
+        self._saved[key] = ctypes.string_at(buf, written)   # one memcpy (no int list)
         return written
 
     def restore_seq(self, key: int, seq_id: int) -> None:
