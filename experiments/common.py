@@ -93,6 +93,31 @@ def _jsonable(value):
     raise TypeError(f"not JSON serialisable: {type(value)}")
 
 
+class Checkpoint:
+    """Raw measurements saved as they come (<out>/<name>.partial.json), so that a long run which
+    is killed resumes where it stopped when run again with the same settings."""
+
+    def __init__(self, out: Path, name: str, key: dict):
+        self.path = Path(out) / f"{name}.partial.json"
+        self.key = json.loads(json.dumps(key, default=_jsonable))
+
+    def load(self):
+        try:
+            saved = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            return None
+        return saved["data"] if saved.get("key") == self.key else None
+
+    def save(self, data) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"key": self.key, "data": data}, default=_jsonable))
+        tmp.replace(self.path)
+
+    def discard(self) -> None:
+        self.path.unlink(missing_ok=True)
+
+
 def figure(n_panels: int, width: float = 5.0, height: float = 3.6):
     fig, axes = plt.subplots(1, n_panels, figsize=(width * n_panels, height), squeeze=False,
                              layout="constrained")

@@ -42,13 +42,18 @@ def run(args) -> dict:
     size = len(prompt) + n_max + 8
     ctx = bench.make_context(model, n_ctx=size, n_batch=size, n_threads=cfg["threads"])
     bench.generate_timed(ctx, prompt, 2)                                   # warm-up
-    runs = {"on": [], "off": []}
-    bar = tqdm(total=2 * n_max * cfg["repeats"], desc="kvcache", unit="tok")
-    for _ in range(cfg["repeats"]):
+    checkpoint = common.Checkpoint(args.out, "kvcache", {**cfg, "model": args.model, "prompt": prompt})
+    runs = checkpoint.load() or {"on": [], "off": []}
+    done = sum(len(r["tokens"]) for mode in runs for r in runs[mode])
+    bar = tqdm(total=2 * n_max * cfg["repeats"], initial=done, desc="kvcache", unit="tok")
+    for rep in range(cfg["repeats"]):
         for mode in ("on", "off"):
+            if len(runs[mode]) > rep:                                  # resumed from a checkpoint
+                continue
             tokens, seconds = bench.generate_timed(ctx, prompt, n_max, kv_cache=mode == "on",
                                                    on_token=bar.update)
             runs[mode].append({"tokens": tokens, "seconds": seconds})
+            checkpoint.save(runs)
     bar.close()
     ctx.close()
 
@@ -57,11 +62,12 @@ def run(args) -> dict:
               "by_tokens": [summarise(runs, n) for n in cfg["tokens"]],
               "per_position_ms": {mode: per_position(runs[mode]) for mode in runs},
               "same_tokens": agreement(runs),
-              "sample_text": model.detokenize(runs["on"][0]["tokens"][:40])}
+              "sample_text": model.detokenize(runs["on"][0]["tokens"][:40]), "runs": runs}
     model.close()
     markdown = report(result)
     print(markdown)
     common.write_outputs(Path(args.out), "kvcache", result, markdown, plot(result))
+    checkpoint.discard()
     return result
 
 

@@ -70,29 +70,39 @@ def run(args) -> dict:
     p, d = cfg["prompt_tokens"], cfg["decode_steps"]
     ctx = bench.make_context(model, n_ctx=max(512, 8 * (p + d + 8)), n_batch=8 * p, n_seq_max=8)
     measure(ctx, "prefill_b8", prompt, 0)                      # warm-up, not recorded
-    samples = {(cell, m): [] for cell in grid for m in METRICS}
-    bar = tqdm(total=cfg["repeats"] * len(grid) * len(METRICS), desc="threads", unit="run")
+    checkpoint = common.Checkpoint(args.out, "threads", {**cfg, "model": args.model})
+    samples = checkpoint.load() or {key(cell, m): [] for cell in grid for m in METRICS}
+    bar = tqdm(total=cfg["repeats"] * len(grid) * len(METRICS), desc="threads", unit="run",
+               initial=sum(map(len, samples.values())))
     for rep in range(cfg["repeats"]):
         # each repeat walks the whole grid (rotated), so slow drifts in load spread over settings
         order = grid[rep % len(grid):] + grid[:rep % len(grid)]
         for cell in order:
+            if all(len(samples[key(cell, m)]) > rep for m in METRICS):  # resumed from a checkpoint
+                continue
             bench.set_threads(ctx, *cell)
             for metric in METRICS:
-                samples[(cell, metric)].append(measure(ctx, metric, prompt, d))
+                samples[key(cell, metric)].append(measure(ctx, metric, prompt, d))
                 bar.update()
+            checkpoint.save(samples)
     bar.close()
     ctx.close()
     model.close()
 
     rows = [{"n_threads": nt, "n_threads_batch": ntb,
-             **{m: common.summary(samples[((nt, ntb), m)]) for m in METRICS}} for nt, ntb in grid]
+             **{m: common.summary(samples[key((nt, ntb), m)]) for m in METRICS}} for nt, ntb in grid]
     best = pick_best(rows)
     result = {"experiment": "threads", "settings": cfg, "model": str(args.model),
               "machine": common.finish_machine_info(info), "rows": rows, "best": best}
     markdown = report(result)
     print(markdown)
     common.write_outputs(Path(args.out), "threads", result, markdown, plot(result))
+    checkpoint.discard()
     return result
+
+
+def key(cell: tuple[int, int], metric: str) -> str:
+    return f"{cell[0]},{cell[1]},{metric}"
 
 
 def pick_best(rows: list[dict]) -> dict:
