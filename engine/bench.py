@@ -75,17 +75,22 @@ def time_decode(ctx: Context, prompt: list[int], n_seqs: int, n_steps: int,
 
 
 def generate_timed(ctx: Context, prompt: list[int], n_tokens: int, kv_cache: bool = True,
-                   on_token: Callable[[], None] | None = None) -> tuple[list[int], list[float]]:
+                   on_token: Callable[[], None] | None = None,
+                   start: list[int] = ()) -> tuple[list[int], list[float]]:
     """Greedy generation of exactly n_tokens (end-of-generation tokens are not special here),
     with the seconds each token took. Step 0 prefills the prompt. With the KV cache each later
     step evaluates one new token; without it every step clears the sequence and re-evaluates
-    the whole context (prompt + tokens so far) in one llama_decode."""
+    the whole context (prompt + tokens so far) in one llama_decode.
+    `start`: tokens generated earlier, to continue a run (with the KV cache they are prefilled
+    first, untimed). Returns the new tokens and their seconds."""
     clear(ctx)
-    out: list[int] = []
+    out: list[int] = list(start)
+    if kv_cache and out:
+        _decode(ctx, [(0, prompt + out[:-1], 0, False)])
     seconds: list[float] = []
-    for step in range(n_tokens):
+    for _ in range(n_tokens):
         t0 = time.perf_counter()
-        if step == 0 or not kv_cache:
+        if not out or not kv_cache:
             ctx.seq_rm(0)
             context = prompt + out
             _decode(ctx, [(0, context, 0, True)])
@@ -97,7 +102,7 @@ def generate_timed(ctx: Context, prompt: list[int], n_tokens: int, kv_cache: boo
         out.append(token)
         if on_token is not None:
             on_token()
-    return out, seconds
+    return out[len(start):], seconds
 
 
 def position_logits(ctx: Context, tokens: list[int]) -> np.ndarray:

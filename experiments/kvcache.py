@@ -19,6 +19,7 @@ from engine import bench
 from experiments import common
 from experiments.texts import STORY_PROMPT
 
+SAVE_EVERY = 25
 PUBLISHED = ("KV cache: 27 tok/s vs 1.1 tok/s without", 27.0, 1.1)
 
 
@@ -43,18 +44,8 @@ def run(args) -> dict:
     ctx = bench.make_context(model, n_ctx=size, n_batch=size, n_threads=cfg["threads"])
     bench.generate_timed(ctx, prompt, 2)                                   # warm-up
     checkpoint = common.Checkpoint(args.out, "kvcache", {**cfg, "model": args.model, "prompt": prompt})
-    runs = checkpoint.load() or {"on": [], "off": []}
-    done = sum(len(r["tokens"]) for mode in runs for r in runs[mode])
-    bar = tqdm(total=2 * n_max * cfg["repeats"], initial=done, desc="kvcache", unit="tok")
-    for rep in range(cfg["repeats"]):
-        for mode in ("on", "off"):
-            if len(runs[mode]) > rep:                                  # resumed from a checkpoint
-                continue
-            tokens, seconds = bench.generate_timed(ctx, prompt, n_max, kv_cache=mode == "on",
-                                                   on_token=bar.update)
-            runs[mode].append({"tokens": tokens, "seconds": seconds})
-            checkpoint.save(runs)
-    bar.close()
+    resumed = checkpoint.load() is not None
+    runs = collect(ctx, prompt, cfg, checkpoint)
     ctx.close()
 
     result = {"experiment": "kvcache", "settings": cfg, "model": str(args.model),
@@ -62,13 +53,44 @@ def run(args) -> dict:
               "by_tokens": [summarise(runs, n) for n in cfg["tokens"]],
               "per_position_ms": {mode: per_position(runs[mode]) for mode in runs},
               "same_tokens": agreement(runs),
-              "sample_text": model.detokenize(runs["on"][0]["tokens"][:40]), "runs": runs}
+              "sample_text": model.detokenize(runs["on"][0]["tokens"][:40]),
+              "resumed_from_checkpoint": resumed, "runs": runs}
     model.close()
     markdown = report(result)
     print(markdown)
     common.write_outputs(Path(args.out), "kvcache", result, markdown, plot(result))
     checkpoint.discard()
     return result
+
+
+def collect(ctx, prompt: list[int], cfg: dict, checkpoint: common.Checkpoint) -> dict:
+    """{"on": [run per repeat], "off": [...]}, each run {"tokens", "seconds"}. Progress is saved
+    after every run, and every SAVE_EVERY tokens of a run without the cache (its steps are
+    independent, so a killed run continues where it stopped)."""
+    data = checkpoint.load() or {"on": [], "off": [], "partial": None}
+    n_max, repeats = cfg["tokens"][-1], cfg["repeats"]
+    done = sum(len(r["tokens"]) for mode in ("on", "off") for r in data[mode])
+    done += len(data["partial"]["tokens"]) if data["partial"] else 0
+    bar = tqdm(total=2 * n_max * repeats, initial=done, desc="kvcache", unit="tok")
+    for rep in range(repeats):
+        for mode in ("on", "off"):
+            if len(data[mode]) > rep:
+                continue
+            run = data["partial"] if data["partial"] and data["partial"]["mode"] == mode else \
+                {"mode": mode, "tokens": [], "seconds": []}
+            while len(run["tokens"]) < n_max:
+                step = n_max - len(run["tokens"]) if mode == "on" else min(SAVE_EVERY, n_max - len(run["tokens"]))
+                tokens, seconds = bench.generate_timed(ctx, prompt, step, kv_cache=mode == "on",
+                                                       on_token=bar.update, start=run["tokens"])
+                run["tokens"] += tokens
+                run["seconds"] += seconds
+                data["partial"] = run
+                checkpoint.save(data)
+            data[mode].append({"tokens": run["tokens"], "seconds": run["seconds"]})
+            data["partial"] = None
+            checkpoint.save(data)
+    bar.close()
+    return {"on": data["on"], "off": data["off"]}
 
 
 def summarise(runs: dict, n: int) -> dict:
