@@ -39,6 +39,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--n-seq-max", type=int, default=16, help="raw loop's sequences")
     p.add_argument("--kv-unified", action="store_true",
                    help="unified KV in the raw loop and the server (default: split)")
+    p.add_argument("--no-flash-attn", dest="flash_attn", action="store_false",
+                   help="plain attention in the raw loop and the server (default: flash)")
     p.add_argument("--reps", type=int, default=1, help="alternating repetitions (median kept)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--base-url", default=None,
@@ -70,7 +72,7 @@ def measure(base: str, args) -> dict:
     model_name = first_model(base)
     config = CeilingConfig(n_threads=args.threads, n_ctx_seq=args.n_ctx,
                            n_seq_max=max(args.n_seq_max, max(args.streams)),
-                           kv_unified=args.kv_unified)
+                           kv_unified=args.kv_unified, flash_attn=args.flash_attn)
     rows = []
     with Ceiling(args.model, config) as ceiling:
         n_vocab = ceiling.model.n_vocab
@@ -132,7 +134,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.base_url:
         result = measure(check_loopback(args.base_url), args)
     else:
-        env = {"PAGEDLLAMA_KV_UNIFIED": "1" if args.kv_unified else "0"}
+        env = {"PAGEDLLAMA_KV_UNIFIED": "1" if args.kv_unified else "0",
+               "PAGEDLLAMA_FLASH_ATTN": "1" if args.flash_attn else "0"}
         with launched(our_server(args.model, args.threads, args.n_ctx, env)) as base:
             result = measure(base, args)
     result["config"] = vars(args)

@@ -30,6 +30,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--n-ctx", type=int, default=0,
                    help="cells per sequence (default: input + output rounded up to 256)")
     p.add_argument("--kv-unified", action="store_true", help="one KV pool (default: split)")
+    p.add_argument("--no-flash-attn", dest="flash_attn", action="store_false",
+                   help="plain attention (default: flash attention, as the server)")
     p.add_argument("--reps", type=int, default=1, help="runs per batch size; the best is kept")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--result-file", default=None)
@@ -57,7 +59,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     n_ctx = args.n_ctx or -(-(args.input_len + args.output_len) // 256) * 256
     config = CeilingConfig(n_threads=args.threads, n_seq_max=max(16, max(args.batch_sizes)),
-                           n_ctx_seq=n_ctx, n_batch=args.n_batch, kv_unified=args.kv_unified)
+                           n_ctx_seq=n_ctx, n_batch=args.n_batch, kv_unified=args.kv_unified,
+                           flash_attn=args.flash_attn)
     rows = []
     with Ceiling(args.model, config) as ceiling:
         n_vocab = ceiling.model.n_vocab

@@ -1,10 +1,12 @@
 """A long prompt arrives while streams are running: how long do the streams stall?
 
-N streams (short random prompts, ignore_eos) run until each has sent --settle-tokens chunks;
-then one ~--long-len-token prompt arrives. When it has finished, the streams run --tail seconds
-more and are stopped. Reported: the long prompt's TTFT, the streams' inter-token gaps (p50, p99
-and the largest: p99 hides a stall that happens once per stream) over their whole run and
-during the long prompt, and what the streams produced while it was in prefill.
+N streams (short random prompts, ignore_eos) run until each has sent --settle-tokens chunks,
+then --baseline seconds more; then one ~--long-len-token prompt arrives. When it has finished,
+the streams run --tail seconds more and are stopped. Reported: the long prompt's TTFT, the
+streams' inter-token gaps (p50, p99 and the largest: p99 hides a stall that happens once per
+stream) from the moment all streams were running (their own start-up, N prompts prefilling at
+once, is a different scenario and is left out) and during the long prompt, and what the streams
+produced while it was in prefill.
 
     python -m benchmarks.interference --base-url http://127.0.0.1:8000 --streams 8 --long-len 2000
 """
@@ -41,6 +43,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--long-output-len", type=int, default=16)
     p.add_argument("--settle-tokens", type=int, default=8,
                    help="chunks every stream has sent before the long prompt is sent")
+    p.add_argument("--baseline", type=float, default=2.0,
+                   help="seconds the settled streams run before the long prompt is sent")
     p.add_argument("--tail", type=float, default=1.0, help="seconds after the long request")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--warmup", type=int, default=1)
@@ -60,7 +64,7 @@ def pct_ms(values: list[float], q: float) -> float:
 async def scenario(base: str, endpoint: str, model: str, cal: ds.Calibration, *, streams: int,
                    stream_input_len: int, stream_output_len: int, long_len: int,
                    long_output_len: int, settle_tokens: int, tail: float, seed: int,
-                   time_limit: float) -> dict:
+                   time_limit: float, baseline: float = 2.0) -> dict:
     chat, url = is_chat(endpoint), base + endpoint
     stream_convs = ds.random_dataset(streams, stream_input_len, cal, seed, "streams")
     long_conv = ds.random_dataset(1, long_len, cal, seed, "long")[0]
@@ -75,6 +79,8 @@ async def scenario(base: str, endpoint: str, model: str, cal: ds.Calibration, *,
         while (min(len(o.chunk_times) for o in outs) < settle_tokens
                and time.perf_counter() < deadline and not any(t.done() for t in tasks)):
             await asyncio.sleep(0.02)
+        t_settled = time.perf_counter()
+        await asyncio.sleep(baseline)
         long_body = payload(model, request_input(long_conv, 0, chat), chat, long_output_len, True)
         await send(client, url, long_body, chat, max(1.0, deadline - time.perf_counter()),
                    long_out)
@@ -82,19 +88,22 @@ async def scenario(base: str, endpoint: str, model: str, cal: ds.Calibration, *,
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-    return report(outs, long_out, streams, settle_tokens, tail)
+    return report(outs, long_out, streams, settle_tokens, tail, t_settled)
 
 
 def report(outs: list[RequestOutput], long_out: RequestOutput, streams: int,
-           settle_tokens: int, tail: float) -> dict:
+           settle_tokens: int, tail: float, t_settled: float | None = None) -> dict:
     t_send = long_out.start
     t_first = long_out.chunk_times[0] if long_out.chunk_times else long_out.end
     t_end = long_out.end
     gaps, window_gaps, per_stream_max = [], [], []
-    during_prefill = 0
+    during_prefill, max_gap_at = 0, None
+    t_settled = long_out.start if t_settled is None else t_settled
     for o in outs:
-        g = o.itl
+        g = [b - a for a, b in zip(o.chunk_times, o.chunk_times[1:]) if a >= t_settled]
         gaps += g
+        if g and max(g) >= max(gaps):   # where the largest gap began, relative to the long send
+            max_gap_at = [a for a in o.chunk_times if a >= t_settled][g.index(max(g))] - t_send
         per_stream_max.append(max(g, default=0.0))
         # a gap "during the long request" overlaps [sent, finished]
         window_gaps += [b - a for a, b in zip(o.chunk_times, o.chunk_times[1:])
@@ -119,6 +128,8 @@ def report(outs: list[RequestOutput], long_out: RequestOutput, streams: int,
         "stream_errors": [o.error for o in outs],
         "itl_p50_ms": pct_ms(gaps, 50), "itl_p99_ms": pct_ms(gaps, 99),
         "max_gap_s": max(gaps, default=0.0),
+        "max_gap_began_s_after_long_sent": max_gap_at,
+        "long_ttft_window_s": [0.0, t_first - t_send],
         "during_long_itl_p50_ms": pct_ms(window_gaps, 50),
         "during_long_itl_p99_ms": pct_ms(window_gaps, 99),
         "during_long_max_gap_s": max(window_gaps, default=0.0),
@@ -126,7 +137,7 @@ def report(outs: list[RequestOutput], long_out: RequestOutput, streams: int,
         "stream_tokens_during_long_prefill": during_prefill,
         "stream_tok_s_during_long_prefill": (during_prefill / (t_first - t_send)
                                              if t_first > t_send else 0.0),
-        "tail_s": tail,
+        "tail_s": tail, "baseline_s": t_send - t_settled,
     }
 
 
@@ -158,7 +169,8 @@ async def run(args: argparse.Namespace) -> dict:
                        stream_input_len=args.stream_input_len,
                        stream_output_len=args.stream_output_len, long_len=args.long_len,
                        long_output_len=args.long_output_len, settle_tokens=args.settle_tokens,
-                       tail=args.tail, seed=args.seed, time_limit=args.time_limit)
+                       tail=args.tail, seed=args.seed, time_limit=args.time_limit,
+                       baseline=args.baseline)
     r.update(config={**vars(args), "model": model}, calibration=vars(cal))
     return r
 

@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", default=str(DEFAULT_MODEL))
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--lengths", default="128,512,1024")
-    p.add_argument("--chunk", type=int, default=64, help="prefill grid (PAGEDLLAMA_PREFILL_CHUNK)")
+    p.add_argument("--chunk", type=int, default=16, help="prefill grid (PAGEDLLAMA_PREFILL_CHUNK)")
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--result-file", default=None)
     args = p.parse_args(argv)

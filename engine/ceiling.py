@@ -24,6 +24,7 @@ class CeilingConfig:
     n_ctx_seq: int = 2048          # cells per sequence (the server's PAGEDLLAMA_N_CTX)
     n_batch: int = 256             # tokens per llama_decode (the server's max batch tokens)
     kv_unified: bool = False       # split KV, as the server's default
+    flash_attn: bool = True        # on, as the server's default
 
 
 @dataclass
@@ -72,7 +73,7 @@ class Ceiling:
         self.model = Model(model_path)
         self.context = Context(self.model, ContextConfig(
             n_ctx=c.n_ctx_seq * c.n_seq_max, n_seq_max=c.n_seq_max, n_batch=c.n_batch,
-            n_threads=c.n_threads, kv_unified=c.kv_unified))
+            n_threads=c.n_threads, kv_unified=c.kv_unified, flash_attn=c.flash_attn))
 
     def close(self) -> None:
         self.context.close()

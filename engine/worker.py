@@ -32,9 +32,10 @@ class EngineConfig:
     n_threads: int = 2
     max_batch_tokens: int = 256
     block_size: int = 16
-    prefill_chunk: int = 64           # the prefill grid G
+    prefill_chunk: int = 16           # the prefill grid G (see benchmarks.chunking)
     prefix_caching: bool = True
     kv_unified: bool = False
+    flash_attn: bool = True           # off is faster on CPU but not batch-invariant (README)
     scheduler: str = "fifo"
     preemption: str = "swap"
     max_queue: int = 256
@@ -109,7 +110,8 @@ class Worker:
         self.observer = observer or Observer()
         self.context = Context(model, ContextConfig(
             n_ctx=config.total_cells, n_seq_max=config.n_seq_max, n_batch=config.max_batch_tokens,
-            n_threads=config.n_threads, kv_unified=config.kv_unified))
+            n_threads=config.n_threads, kv_unified=config.kv_unified,
+            flash_attn=config.flash_attn))
         self.manager = BlockManager(config.total_cells // config.block_size, config.block_size,
                                     config.n_seq_max, config.prefix_caching, config.prefill_chunk,
                                     share_cells=config.kv_unified)

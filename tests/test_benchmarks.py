@@ -116,7 +116,7 @@ def test_interference_reports_gaps_and_long_prompt(server_url, tmp_path):
     out = tmp_path / "interference.json"
     bench("interference", "--base-url", server_url, "--streams", "2", "--long-len", "300",
           "--stream-output-len", "400", "--settle-tokens", "2", "--tail", "0.2",
-          "--warmup", "0", "--calibrate", "approx", "--result-file", str(out))
+          "--baseline", "0.3", "--warmup", "0", "--calibrate", "approx", "--result-file", str(out))
     r = json.loads(out.read_text())
     assert r["sent"] == 3 and r["completed"] + r["failed"] == r["sent"] and r["failed"] == 0
     assert 280 <= r["long_prompt_tokens"] <= 320 and r["long_output_tokens"] == 16
@@ -124,6 +124,23 @@ def test_interference_reports_gaps_and_long_prompt(server_url, tmp_path):
     assert r["max_gap_s"] == max(r["per_stream_max_gap_s"])
     assert r["max_gap_s"] * 1000 >= r["itl_p99_ms"] >= r["itl_p50_ms"] > 0
     assert all(n >= 2 for n in r["stream_output_tokens"])
+
+
+def test_chunking_compares_chunked_prefill_on_and_off(tmp_path):
+    out = tmp_path / "chunking.json"
+    proc = bench("chunking", "--quick", "--result-file", str(out))
+    r = json.loads(out.read_text())
+    assert set(r["summary"]) == {"chunk 32", "off"} == set(r["runs"])
+    assert r["settings"]["off"]["PAGEDLLAMA_PREFILL_CHUNK"] == "512"
+    for name, runs in r["runs"].items():
+        (run,) = runs
+        assert run["completed"] + run["failed"] == run["sent"] == 3 and run["failed"] == 0
+        assert 280 <= run["long_prompt_tokens"] <= 320
+        s = r["summary"][name]
+        assert s["itl_p99_ms"] >= s["itl_p50_ms"] > 0
+        assert s["p99_over_p50"] == pytest.approx(s["itl_p99_ms"] / s["itl_p50_ms"])
+        assert f"{name:>9}" in proc.stdout
+    assert "targets: p99/p50 <= 2x" in proc.stdout
 
 
 def test_repeat_compares_both_answers(server_url, tmp_path):
