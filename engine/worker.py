@@ -1,7 +1,8 @@
 """The step loop: one worker thread per llama.cpp context.
 
 Each step: take new and cancelled requests from the inbox; ask the scheduler for a plan; apply
-its KV operations; run ONE llama_decode for the whole batch (the GIL is released inside);
+its KV operations; run the batch through llama_decode (the GIL is released inside: one call, or
+with split KV one call per micro-batch shape, see Worker._groups);
 sample every sequence that produced logits; hand the new text to each request's asyncio queue
 with one loop.call_soon_threadsafe per step. The HTTP event loop never calls llama.cpp.
 """
@@ -220,30 +221,46 @@ class Worker:
         self._deliver(events)
 
     def _run_plan(self, plan: StepPlan) -> list[tuple[Request, Event]]:
-        pieces = [(c.seq.seq_id, c.seq.tokens[c.start:c.end], c.start, c.wants_logits)
-                  for c in plan.chunks]
         t0 = time.perf_counter()
-        status = self.context.decode(pieces)
-        if status == 1:   # no KV slot after all: preempt one sequence and plan again
-            log.warning("engine %s: llama_decode found no KV slot; preempting", self.name)
-            self.scheduler.preempt_one()
-            self._apply(self.manager.take_ops())
-            return []
-        if status != 0:
-            raise RuntimeError(f"llama_decode returned {status}")
+        events: list[tuple[Request, Event]] = []
+        for group in self._groups(plan.chunks):
+            pieces = [(c.seq.seq_id, c.seq.tokens[c.start:c.end], c.start, c.wants_logits)
+                      for c in group]
+            status = self.context.decode(pieces)
+            if status == 1:   # no KV slot after all: preempt one sequence and plan again
+                log.warning("engine %s: llama_decode found no KV slot; preempting", self.name)
+                self.scheduler.preempt_one()
+                self._apply(self.manager.take_ops())
+                return events
+            if status != 0:
+                raise RuntimeError(f"llama_decode returned {status}")
+            self.scheduler.advance(StepPlan(chunks=group))
+            now, offset = time.monotonic(), 0
+            for chunk in group:   # sample now: the next decode overwrites the logits
+                offset += chunk.end - chunk.start
+                if chunk.wants_logits:
+                    req = chunk.seq.owner
+                    token = req.sampler.sample(self.context, offset - 1)
+                    chunk.seq.tokens.append(token)
+                    events.append(self._on_token(req, token, now))
         self.steps += 1
-        self.scheduler.advance(plan)
-        now = time.monotonic()
-        events, offset = [], 0
-        for chunk in plan.chunks:
-            offset += chunk.end - chunk.start
-            if chunk.wants_logits:
-                req = chunk.seq.owner
-                token = req.sampler.sample(self.context, offset - 1)
-                chunk.seq.tokens.append(token)
-                events.append(self._on_token(req, token, now))
         self.observer.on_step(self, plan.num_tokens, time.perf_counter() - t0)
         return events
+
+    def _groups(self, chunks: list) -> list[list]:
+        """The step's batch in the shape llama.cpp computes it. With split KV, llama.cpp cuts a
+        batch into micro-batches of consecutive seq ids that take the same number of tokens from
+        each sequence: decode tokens out of seq-id order become several micro-batches (measured:
+        172 instead of 108 ms a step for 16 streams), and a 16-token prompt chunk next to decode
+        tokens is computed as 1 + 15 tokens, off the prefill grid. So: one call for the one-token
+        pieces in seq-id order, then one per chunk length, in seq-id order: every micro-batch is
+        then what we asked for. A unified cache computes a batch whole: one call."""
+        if self.config.kv_unified:
+            return [chunks]
+        by_len: dict[int, list] = {}
+        for c in chunks:
+            by_len.setdefault(c.end - c.start, []).append(c)
+        return [sorted(by_len[n], key=lambda c: c.seq.seq_id) for n in sorted(by_len)]
 
     def _on_token(self, req: Request, token: int, now: float) -> tuple[Request, Event]:
         seq, p = req.seq, req.params

@@ -158,3 +158,48 @@ def test_a_preempted_greedy_request_finishes_with_its_unpreempted_output(model):
             assert preempted == alone, mode
         finally:
             worker.stop()
+
+
+def test_a_prompt_prefilled_next_to_running_streams_gets_its_solo_answer(model):
+    """With split KV llama.cpp computes a batch in micro-batches that take the same number of
+    tokens from each sequence; a prompt chunk batched with decode tokens must still be computed
+    whole (on the grid), or its answer would depend on what else was running."""
+    prompt = chat_prompt(model, "Describe a lighthouse at night.")
+    for caching in (False, True):
+        worker = make_worker(model, prefix_caching=caching, prefill_chunk=16)
+        try:
+            alone = run_all(worker, [prompt], max_tokens=32)[0]
+            idle(worker)
+
+            async def main():
+                streams = [asyncio.ensure_future(generate(worker, chat_prompt(model, q, "Be brief."),
+                                                          max_tokens=400, ignore_eos=True))
+                           for q in QUESTIONS]
+                while sum(s.num_output > 0 for s in worker.scheduler.running) < len(QUESTIONS):
+                    await asyncio.sleep(0.01)
+                busy = await generate(worker, prompt, max_tokens=32)
+                assert all(not s.done() for s in streams), "the streams ran out too early"
+                for s in list(worker.scheduler.running):
+                    worker.cancel(s.owner)
+                for s in streams:
+                    s.cancel()
+                await asyncio.gather(*streams, return_exceptions=True)
+                return busy
+            assert asyncio.run(main()) == alone, caching
+        finally:
+            worker.stop()
+
+
+def test_split_kv_steps_are_grouped_into_whole_micro_batches(model):
+    """Decode tokens go in one call in seq-id order (llama.cpp's split-KV micro-batches need
+    consecutive ids), then each prompt-chunk length in its own call."""
+    from types import SimpleNamespace as NS
+    worker = make_worker(model)
+    try:
+        chunks = [NS(seq=NS(seq_id=i), start=s, end=e)
+                  for i, s, e in [(5, 9, 10), (2, 30, 31), (7, 0, 16), (3, 16, 32), (0, 4, 5),
+                                  (6, 32, 37)]]
+        groups = worker._groups(chunks)
+        assert [[c.seq.seq_id for c in g] for g in groups] == [[0, 2, 5], [6], [3, 7]]
+    finally:
+        worker.stop()
