@@ -167,7 +167,7 @@ class MetricsObserver(Observer):
                                     "scheduled step of a request.", lab, registry=r,
                                     buckets=REQUEST_BUCKETS)
         self.iteration_tokens = Histogram(PREFIX + "iteration_tokens", "Tokens computed per "
-                                          "engine step (one llama_decode).", lab, registry=r,
+                                          "engine step (one batch).", lab, registry=r,
                                           buckets=ITERATION_BUCKETS)
         self.process = ProcessStats()
         self.registry.register(_StateCollector(self))
