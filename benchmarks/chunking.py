@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import signal
 import statistics
 import sys
@@ -24,6 +23,7 @@ from pathlib import Path
 
 from benchmarks import interference
 from benchmarks.launch import DEFAULT_MODEL, launched, our_server
+from benchmarks.metrics import write_result
 
 TARGET_RATIO = 2.0    # issue 4: p99 <= 2x p50 with chunking
 TARGET_GAP_S = 1.0    # issue 8: largest gap <= 1 s
@@ -95,9 +95,10 @@ def table(summary: dict[str, dict]) -> str:
 
 
 def run(args) -> dict:
-    runs: dict[str, list[dict]] = {name: [] for name in settings(args)}
+    envs = settings(args)
+    runs: dict[str, list[dict]] = {name: [] for name in envs}
     for rep in range(args.reps):
-        order = list(settings(args).items())
+        order = list(envs.items())
         if rep % 2:
             order.reverse()
         for name, env in order:
@@ -116,7 +117,7 @@ def run(args) -> dict:
         s["meets_gap_target"] = s["max_gap_s"] <= TARGET_GAP_S
         s["failed"] = len(rs) - len(ok)
         summary[name] = s
-    return {"config": {k: v for k, v in vars(args).items()}, "settings": settings(args),
+    return {"config": dict(vars(args)), "settings": envs,
             "runs": runs, "summary": summary}
 
 
@@ -128,9 +129,7 @@ def main(argv: list[str] | None = None) -> int:
           f"streams + one {args.long_len}-token prompt · {args.reps} rep(s), median")
     print(table(result["summary"]))
     if args.result_file:
-        Path(args.result_file).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.result_file).write_text(json.dumps(result, indent=1))
-        print(f"wrote {args.result_file}")
+        write_result(args.result_file, result)
     return 0 if not any(s.get("failed") for s in result["summary"].values()) else 1
 
 

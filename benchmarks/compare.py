@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import signal
 import statistics
@@ -35,6 +34,7 @@ from benchmarks import interference, repeat
 from benchmarks.client import first_model
 from benchmarks.launch import (DEFAULT_MODEL, command_exists, find_peer_bin, launched,
                                llama_server, our_server, peer_from_template)
+from benchmarks.metrics import write_result
 from benchmarks.serve import calibrate, run_workload, warmup
 
 WORKLOADS = ("random-1", "random-16", "shared-prefix", "interference", "repeat")
@@ -257,11 +257,9 @@ def main(argv: list[str] | None = None) -> int:
           f"{args.reps} rep(s), median")
     print(text)
     if args.result_file:
-        Path(args.result_file).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.result_file).write_text(json.dumps(
-            {"config": vars(args), "peer_cmd": peer.cmd, "our_env": ours.env,
-             "calibration": vars(cal), "comparison": rows, "results": results}, indent=1,
-            default=str))
+        write_result(args.result_file,
+                     {"config": vars(args), "peer_cmd": peer.cmd, "our_env": ours.env,
+                      "calibration": vars(cal), "comparison": rows, "results": results})
         print(f"wrote {args.result_file}")
     return 0
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import signal
 import statistics
 import sys
@@ -21,6 +20,7 @@ from pathlib import Path
 from benchmarks.client import check_loopback, first_model
 from benchmarks.datasets import Conversation, token_dataset
 from benchmarks.launch import DEFAULT_MODEL, launched, our_server
+from benchmarks.metrics import write_result
 from benchmarks.serve import run_workload, warmup
 from engine.ceiling import Ceiling, CeilingConfig
 
@@ -144,9 +144,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{args.output_len} tokens per stream · {args.reps} rep(s), median")
     print(table(result["rows"]))
     if args.result_file:
-        Path(args.result_file).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.result_file).write_text(json.dumps(result, indent=1))
-        print(f"wrote {args.result_file}")
+        write_result(args.result_file, result)
     failed = sum(r["server_failed"] for r in result["rows"])
     return 1 if failed else 0
 

@@ -6,11 +6,11 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 from benchmarks.datasets import token_dataset
+from benchmarks.metrics import write_result
 from engine.ceiling import Ceiling, CeilingConfig
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -82,9 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     result = {"config": {**vars(args), "n_ctx_seq": n_ctx, "n_seq_max": config.n_seq_max},
               "runs": rows}
     if args.result_file:
-        Path(args.result_file).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.result_file).write_text(json.dumps(result, indent=1))
-        print(f"wrote {args.result_file}")
+        write_result(args.result_file, result)
     return 0
 
 

@@ -1,5 +1,9 @@
-"""Summaries of a benchmark run (the fields `vllm bench serve` reports) and their table."""
+"""Summaries of a benchmark run (the fields `vllm bench serve` reports), their table, and the
+JSON result file every benchmark writes."""
 from __future__ import annotations
+
+import json
+from pathlib import Path
 
 import numpy as np
 
@@ -80,3 +84,11 @@ def table(report: dict, title: str = "Serving Benchmark Result") -> str:
             lines.append(f"{n:>5} × {msg}")
     lines.append("=" * w)
     return "\n".join(lines)
+
+
+def write_result(path: str | Path, result: dict) -> None:
+    """--result-file: the run as JSON (parent folders made; values JSON cannot take as text)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=1, default=str))
+    print(f"wrote {path}")

@@ -12,16 +12,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import sys
 import time
-from pathlib import Path
 
 import httpx
 
 from benchmarks import datasets as ds
 from benchmarks.client import (NotLoopback, check_loopback, first_model, make_client, payload,
                                send)
+from benchmarks.metrics import write_result
 from benchmarks.serve import calibrate, is_chat, request_input, warmup
 
 
@@ -141,9 +140,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print(summary(r))
     if args.result_file:
-        Path(args.result_file).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.result_file).write_text(json.dumps(r, indent=1))
-        print(f"wrote {args.result_file}")
+        write_result(args.result_file, r)
     return 0 if r["failed"] == 0 else 1
 
 

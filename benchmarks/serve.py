@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import math
 import random
 import sys
@@ -26,7 +25,7 @@ from tqdm import tqdm
 from benchmarks import datasets as ds
 from benchmarks.client import (NotLoopback, RequestOutput, check_loopback, complete,
                                first_model, make_client, payload, send)
-from benchmarks.metrics import summarize, table
+from benchmarks.metrics import summarize, table, write_result
 
 MAX_PROMPTS = 10_000
 MAX_CONCURRENCY = 256
@@ -266,9 +265,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if args.result_file:
-        Path(args.result_file).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.result_file).write_text(json.dumps(result, indent=1, default=str))
-        print(f"wrote {args.result_file}")
+        write_result(args.result_file, result)
     if args.sweep_concurrency:
         plot = args.plot_file or (str(Path(args.result_file).with_suffix(".png"))
                                   if args.result_file else "serve-sweep.png")
