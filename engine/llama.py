@@ -157,6 +157,10 @@ class Context:
         self.batch.n_tokens = n
         return C.llama_decode(self.ptr, self.batch)
 
+    def set_threads(self, n_threads: int) -> None:
+        """Threads for the next decodes (single-token and batch alike)."""
+        C.llama_set_n_threads(self.ptr, n_threads, n_threads)
+
     def logits(self, i: int) -> np.ndarray:
         """Logits of batch position i (a view, valid until the next decode)."""
         ptr = C.llama_get_logits_ith(self.ptr, i)

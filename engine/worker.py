@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from engine.detok import TextStream
 from engine.llama import Context, ContextConfig, Model
 from engine.sampling import Sampler, SamplingParams
+from engine.threads import CpuMeter, ThreadGovernor
 from kvcache import BlockManager, CopyOp, DropSavedOp, RemoveOp, RestoreOp, SaveOp
 from scheduler import Scheduler, Sequence, StepPlan, make_policy
 
@@ -41,6 +42,8 @@ class EngineConfig:
     preemption: str = "swap"
     max_queue: int = 256
     cache_seqs: int = 16              # extra llama.cpp seq ids that hold cached prefixes
+    adaptive_threads: bool = True     # fewer threads while other processes use our cores
+    thread_share: float = 1.0         # this context's part of the process's threads
 
     @property
     def n_seq_max(self) -> int:
@@ -88,6 +91,23 @@ class Request:
         return self.seq.num_cached_tokens if self.seq else 0
 
 
+@dataclass
+class StepTimes:
+    """Where a context's step loop spends its time (cumulative seconds; read by /health)."""
+    steps: int = 0
+    decode_calls: int = 0
+    plan_s: float = 0.0        # scheduling, KV ops, admission (Python)
+    decode_s: float = 0.0      # inside llama_decode (batch fill included)
+    sample_s: float = 0.0      # progress, prefix-cache commits, sampling, stop checks, text
+    deliver_s: float = 0.0     # frees, handing events to the event loop
+
+    def per_step_ms(self) -> dict:
+        n = max(1, self.steps)
+        return {"steps": self.steps, "decode_calls_per_step": round(self.decode_calls / n, 3),
+                **{k: round(1000 * getattr(self, k) / n, 3)
+                   for k in ("plan_s", "decode_s", "sample_s", "deliver_s")}}
+
+
 class Observer:
     """Hooks for metrics; called from the worker thread. The default does nothing."""
 
@@ -125,8 +145,22 @@ class Worker:
         self.finished = 0             # written by the worker thread only
         self.failed: str | None = None
         self.steps = 0
+        self.governor = self._governor(config)
+        self.meter = CpuMeter() if self.governor else None
+        self.thread_changes = 0
+        self.times = StepTimes()
         self._stop = False
         self._thread = threading.Thread(target=self._run, name=f"engine-{name}", daemon=True)
+
+    @staticmethod
+    def _governor(config: EngineConfig) -> ThreadGovernor | None:
+        if not config.adaptive_threads or config.n_threads < 2 or not CpuMeter.available():
+            return None
+        return ThreadGovernor(config.n_threads, len(CpuMeter().cpus), config.thread_share)
+
+    @property
+    def threads(self) -> int:
+        return self.governor.threads if self.governor else self.config.n_threads
 
     # ---- event-loop side -------------------------------------------------------------------------
     def start(self) -> None:
@@ -159,7 +193,11 @@ class Worker:
     def snapshot(self) -> dict:
         """Counts for /health, /stats and tests (plain reads; may be one step stale)."""
         m, s = self.manager, self.scheduler
-        return {"name": self.name, "threads": self.config.n_threads,
+        return {"name": self.name, "threads": self.threads,
+                "configured_threads": self.config.n_threads,
+                "other_cpu_cores": round(self.governor.others, 3) if self.governor else None,
+                "thread_changes": self.thread_changes,
+                "step_ms": self.times.per_step_ms(),
                 "running": len(s.running), "waiting": len(s.waiting),
                 "outstanding": self.outstanding, "steps": self.steps,
                 "kv_used_blocks": m.num_used_blocks, "kv_total_blocks": m.num_blocks,
@@ -208,25 +246,35 @@ class Worker:
         self.scheduler.add(req.seq)
 
     def _step(self) -> None:
+        t0 = time.perf_counter()
+        self._adapt_threads()
         plan = self.scheduler.schedule()
         self._apply(plan.ops)
         events = [self._close(s.owner, "timeout") for s in self.scheduler.expired]
         self.scheduler.expired.clear()
+        self.times.plan_s += time.perf_counter() - t0
         if plan.chunks:
             events += self._run_plan(plan)
         elif not events:
             self.wakeup.wait(0.005)   # waiting requests that cannot start yet
             self.wakeup.clear()
+        t1 = time.perf_counter()
         self._apply(self.manager.take_ops())   # frees of requests that finished this step
         self._deliver(events)
+        self.times.deliver_s += time.perf_counter() - t1
 
     def _run_plan(self, plan: StepPlan) -> list[tuple[Request, Event]]:
         t0 = time.perf_counter()
         events: list[tuple[Request, Event]] = []
+        times = self.times
         for group in self._groups(plan.chunks):
             pieces = [(c.seq.seq_id, c.seq.tokens[c.start:c.end], c.start, c.wants_logits)
                       for c in group]
+            t = time.perf_counter()
             status = self.context.decode(pieces)
+            t_decoded = time.perf_counter()
+            times.decode_calls += 1
+            times.decode_s += t_decoded - t
             if status == 1:   # no KV slot after all: preempt one sequence and plan again
                 log.warning("engine %s: llama_decode found no KV slot; preempting", self.name)
                 self.scheduler.preempt_one()
@@ -243,9 +291,23 @@ class Worker:
                     token = req.sampler.sample(self.context, offset - 1)
                     chunk.seq.tokens.append(token)
                     events.append(self._on_token(req, token, now))
+            times.sample_s += time.perf_counter() - t_decoded
         self.steps += 1
+        times.steps += 1
         self.observer.on_step(self, plan.num_tokens, time.perf_counter() - t0)
         return events
+
+    def _adapt_threads(self) -> None:
+        """Between decodes: follow the governor's thread count (see engine/threads.py)."""
+        now = time.monotonic()
+        if self.governor is None or not self.governor.due(now):
+            return
+        change = self.governor.observe(self.meter.sample(now))
+        if change is not None:
+            self.context.set_threads(change.threads)
+            self.thread_changes += 1
+            log.info("engine %s: threads %d -> %d (%s)", self.name, change.previous,
+                     change.threads, change.reason)
 
     def _groups(self, chunks: list) -> list[list]:
         """The step's batch in the shape llama.cpp computes it. With split KV, llama.cpp cuts a

@@ -25,8 +25,11 @@ if [ ! -d "$SRC/vendor/llama.cpp" ]; then
     tar -xzf "$DEST"/llama_cpp_python-"$VERSION".tar.gz -C "$DEST"
 fi
 
+# No AMX: Xeons that report it in these VMs crash in ggml's AMX kernels (see the Makefile).
+NO_AMX="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
 cmake -S "$SRC/vendor/llama.cpp" -B "$DEST/build" \
-    -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF -DGGML_NATIVE=ON
+    -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF -DGGML_NATIVE=ON \
+    -DCMAKE_C_FLAGS="$NO_AMX" -DCMAKE_CXX_FLAGS="$NO_AMX"
 cmake --build "$DEST/build" --target llama-server -j"$JOBS"
 
 BIN=$DEST/build/bin/llama-server

@@ -51,6 +51,7 @@ def engine_from_env() -> EngineConfig:
         preemption=_env("PREEMPTION", "swap"),
         max_queue=int(_env("MAX_QUEUE", "256")),
         cache_seqs=int(_env("CACHE_SEQS", "16")),
+        adaptive_threads=_flag("ADAPTIVE_THREADS", True),
     )
 
 
@@ -108,12 +109,15 @@ def _models_from_file(path: Path, base: EngineConfig) -> list[ModelSpec]:
 
 
 def _partition_threads(models: list[ModelSpec]) -> None:
-    """Contexts together never use more threads than there are cores."""
+    """Contexts together never use more threads than there are cores; each context knows its
+    share of the process's threads (the thread governor scales the cores left to it by that)."""
     cores = os.cpu_count() or 1
     total = sum(m.engine.n_threads * m.contexts for m in models)
-    if total <= cores:
-        return
-    n_contexts = sum(m.contexts for m in models)
-    per_context = max(1, cores // n_contexts)
+    if total > cores:
+        n_contexts = sum(m.contexts for m in models)
+        per_context = max(1, cores // n_contexts)
+        for m in models:
+            m.engine = replace(m.engine, n_threads=min(m.engine.n_threads, per_context))
+        total = sum(m.engine.n_threads * m.contexts for m in models)
     for m in models:
-        m.engine = replace(m.engine, n_threads=min(m.engine.n_threads, per_context))
+        m.engine = replace(m.engine, thread_share=m.engine.n_threads / total)

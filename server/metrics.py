@@ -60,6 +60,9 @@ class ModelState:
     prefix_hit_tokens: int = 0
     num_preemptions: int = 0
     steps: int = 0
+    threads: int = 0                 # llama.cpp threads in use now, summed over contexts
+    configured_threads: int = 0
+    thread_changes: int = 0
 
     @property
     def kv_usage(self) -> float:
@@ -239,6 +242,8 @@ class MetricsObserver(Observer):
             "prefix_cache_hits": total.prefix_hit_tokens,
             "prefix_cache_hit_rate": total.prefix_hit_rate,
             "num_preemptions": total.num_preemptions,
+            "threads": total.threads,
+            "configured_threads": total.configured_threads,
             "ttft_s": self.window.percentiles("ttft", now),
             "itl_s": self.window.percentiles("itl", now),
             **self.process.summary(),
@@ -250,7 +255,8 @@ def _model_json(s: ModelState) -> dict:
     return {"running": s.running, "waiting": s.waiting, "active_streams": s.outstanding,
             "kv_cache_usage_perc": round(100 * s.kv_usage, 3), "kv_used_blocks": s.kv_used_blocks,
             "kv_total_blocks": s.kv_total_blocks, "prefix_cache_hit_rate": s.prefix_hit_rate,
-            "num_preemptions": s.num_preemptions, "steps": s.steps}
+            "num_preemptions": s.num_preemptions, "steps": s.steps, "threads": s.threads,
+            "configured_threads": s.configured_threads, "thread_changes": s.thread_changes}
 
 
 class ProcessStats:
@@ -305,6 +311,11 @@ class _StateCollector(Collector):
         hits = family(CounterMetricFamily, "prefix_cache_hits", "Prompt tokens found in the "
                       "prefix cache.")
         preemptions = family(CounterMetricFamily, "num_preemptions", "Sequences preempted.")
+        threads = family(GaugeMetricFamily, "engine_threads", "llama.cpp threads in use now, "
+                         "summed over the model's contexts (fewer while other processes use our "
+                         "cores: PAGEDLLAMA_ADAPTIVE_THREADS).")
+        changes = family(CounterMetricFamily, "thread_changes", "Changes of a context's thread "
+                         "count by the contention-aware thread governor.")
         for model, s in model_states(self.observer.workers()).items():
             running.add_metric([model], s.running)
             waiting.add_metric([model], s.waiting)
@@ -312,7 +323,9 @@ class _StateCollector(Collector):
             queries.add_metric([model], s.prefix_query_tokens)
             hits.add_metric([model], s.prefix_hit_tokens)
             preemptions.add_metric([model], s.num_preemptions)
-        yield from (running, waiting, kv, queries, hits, preemptions)
+            threads.add_metric([model], s.threads)
+            changes.add_metric([model], s.thread_changes)
+        yield from (running, waiting, kv, queries, hits, preemptions, threads, changes)
         yield from self._process()
 
     def _process(self):

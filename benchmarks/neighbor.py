@@ -1,0 +1,311 @@
+"""Shared machines: the same workload alone, next to one busy process, and inside a CPU quota.
+
+    python -m benchmarks.neighbor [--peer-bin .peer/build/bin/llama-server]
+
+For each server (ours, then llama-server when one is found) a steady load runs without pause
+(--concurrency streams of random chat prompts, --output-len tokens each, ignore_eos) through
+three phases of --phase-seconds: alone, next to a busy process (`python3 -c "while True:
+pass"`, the neighbour), and alone again after the neighbour stops. Output tokens are counted
+from the chunk times of every stream (one chunk per token for both servers) in 1-second bins:
+
+  alone tok/s        the first phase (its first --settle seconds skipped)
+  shared tok/s       the neighbour phase, the same way; kept = shared / alone
+  recovery s         after the neighbour stops, the time until a sliding 2-second window first
+                     reaches 95% of the alone rate
+
+With --quota (as root, cgroup v2 or v1 cpu controller) each server also runs alone inside a CPU
+quota of --quota cores, in a cgroup of its own; kept = quota / alone.
+
+Our server logs each thread change; their count and our final thread count are printed.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import random
+import statistics
+import subprocess
+import sys
+import time
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+
+import httpx
+
+from benchmarks import datasets as ds
+from benchmarks.client import RequestOutput, first_model, make_client, payload, send
+from benchmarks.launch import (DEFAULT_MODEL, ServerSpec, find_peer_bin, launched, llama_server,
+                               our_server)
+from benchmarks.metrics import write_result
+from benchmarks.serve import calibrate, warmup
+
+NEIGHBOUR = [sys.executable, "-c", "while True: pass"]
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.neighbor", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default=str(DEFAULT_MODEL))
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--parallel", type=int, default=16, help="llama-server -np")
+    p.add_argument("--concurrency", type=int, default=4)
+    p.add_argument("--input-len", type=int, default=64)
+    p.add_argument("--output-len", type=int, default=48)
+    p.add_argument("--phase-seconds", type=float, default=20.0)
+    p.add_argument("--settle", type=float, default=3.0, help="seconds skipped at a phase start")
+    p.add_argument("--quota", type=float, default=0.0, help="also run inside this CPU quota")
+    p.add_argument("--peer-bin", default=None)
+    p.add_argument("--no-peer", action="store_true")
+    p.add_argument("--our-env", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--result-file", default=None)
+    return p.parse_args(argv)
+
+
+# ---- load -------------------------------------------------------------------------------------------
+async def steady_load(base: str, model: str, cal: ds.Calibration, args, seconds: float,
+                      marks: dict[str, float], on_time) -> list[RequestOutput]:
+    """--concurrency streams that start a new request as soon as one ends, for `seconds`.
+    on_time(elapsed) is polled every 0.1 s (it starts and stops the neighbour)."""
+    url, outs = base + "/v1/chat/completions", []
+    start = time.perf_counter()
+    marks["start"] = start
+    stop_at = start + seconds
+    rng = random.Random(args.seed)
+
+    async def stream(client: httpx.AsyncClient, k: int) -> None:
+        i = 0
+        while time.perf_counter() < stop_at:
+            conv = ds.random_dataset(1, args.input_len, cal, rng.randrange(1 << 30), f"n{k}-{i}")[0]
+            body = payload(model, ds.chat_messages(conv, 0), True, args.output_len, True)
+            out = await send(client, url, body, True, timeout=max(1.0, stop_at - time.perf_counter() + 60))
+            outs.append(out)
+            i += 1
+
+    async def clock() -> None:
+        while time.perf_counter() < stop_at:
+            on_time(time.perf_counter() - start)
+            await asyncio.sleep(0.1)
+
+    async with make_client(args.concurrency, 600.0) as client:
+        await asyncio.gather(clock(), *(stream(client, k) for k in range(args.concurrency)))
+    return outs
+
+
+def token_bins(outs: list[RequestOutput], start: float, seconds: float) -> list[int]:
+    bins = [0] * (int(seconds) + 2)
+    for out in outs:
+        for t in out.chunk_times:
+            i = int(t - start)
+            if 0 <= i < len(bins):
+                bins[i] += 1
+    return bins
+
+
+def rate(bins: list[int], t0: float, t1: float) -> float:
+    seg = bins[int(t0):int(t1)]
+    return sum(seg) / len(seg) if seg else 0.0
+
+
+def recovery_time(bins: list[int], t_stop: float, target: float, width: int = 2) -> float | None:
+    """Seconds after t_stop until a `width`-second window first averages >= target."""
+    for i in range(int(t_stop), len(bins) - width + 1):
+        if sum(bins[i:i + width]) / width >= target:
+            return max(0.0, i - t_stop)
+    return None
+
+
+# ---- the neighbour and the quota ---------------------------------------------------------------------
+class Neighbour:
+    def __init__(self):
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        if self.proc is None:
+            self.proc = subprocess.Popen(NEIGHBOUR)
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait()
+            self.proc = None
+
+
+def cgroup_root() -> tuple[str, Path] | None:
+    """('v2', /sys/fs/cgroup) or ('v1', the cpu controller's mount) when we may make cgroups."""
+    if os.geteuid() != 0:
+        return None
+    v2 = Path("/sys/fs/cgroup")
+    if (v2 / "cgroup.controllers").exists() and "cpu" in (v2 / "cgroup.controllers").read_text():
+        return "v2", v2
+    for cand in (Path("/sys/fs/cgroup/cpu,cpuacct"), Path("/sys/fs/cgroup/cpu")):
+        if (cand / "cpu.cfs_quota_us").exists():
+            return "v1", cand
+    return None
+
+
+@contextmanager
+def quota_cgroup(cores: float):
+    """A fresh cgroup limited to `cores` CPUs; yields a command prefix that runs a process in
+    it (a shell that moves itself into the cgroup, then execs)."""
+    found = cgroup_root()
+    if found is None:
+        raise RuntimeError("a CPU quota needs root and a cgroup cpu controller")
+    kind, root = found
+    path = root / f"pagedllama-bench-{os.getpid()}"
+    path.mkdir(exist_ok=True)
+    period = 100_000
+    if kind == "v2":
+        try:
+            (root / "cgroup.subtree_control").write_text("+cpu")
+        except OSError:
+            pass
+        (path / "cpu.max").write_text(f"{int(cores * period)} {period}")
+    else:
+        (path / "cpu.cfs_period_us").write_text(str(period))
+        (path / "cpu.cfs_quota_us").write_text(str(int(cores * period)))
+    try:
+        yield ["sh", "-c", f'echo $$ > {path}/cgroup.procs && exec "$@"', "sh"]
+    finally:
+        for _ in range(50):
+            try:
+                path.rmdir()
+                break
+            except OSError:
+                time.sleep(0.1)
+
+
+# ---- one server -----------------------------------------------------------------------------------
+def our_thread_figures(base: str) -> dict:
+    try:
+        health = httpx.get(f"{base}/health", timeout=5.0, trust_env=False).json()
+    except (httpx.HTTPError, ValueError):
+        return {}
+    contexts = [c for m in health.get("models", {}).values() for c in m.get("contexts", [])]
+    if not contexts or "threads" not in contexts[0]:
+        return {}
+    return {"threads_now": [c["threads"] for c in contexts],
+            "thread_changes": sum(c.get("thread_changes", 0) for c in contexts)}
+
+
+async def neighbour_run(base: str, args) -> dict:
+    model = first_model(base)
+    cal = await calibrate(base, "/v1/chat/completions", model, args.seed)
+    await warmup(base, "/v1/chat/completions", model, args.concurrency, args.seed)
+    T, neighbour, marks = args.phase_seconds, Neighbour(), {}
+    phases = {"neighbour_on": None, "neighbour_off": None}
+
+    def on_time(elapsed: float) -> None:
+        if phases["neighbour_on"] is None and elapsed >= T:
+            neighbour.start()
+            phases["neighbour_on"] = elapsed
+        elif phases["neighbour_off"] is None and elapsed >= 2 * T:
+            neighbour.stop()
+            phases["neighbour_off"] = elapsed
+
+    try:
+        outs = await steady_load(base, model, cal, args, 3 * T, marks, on_time)
+    finally:
+        neighbour.stop()
+    bins = token_bins(outs, marks["start"], 3 * T)
+    on, off = phases["neighbour_on"] or T, phases["neighbour_off"] or 2 * T
+    alone = rate(bins, args.settle, on)
+    shared = rate(bins, on + args.settle, off)
+    after = rate(bins, off + args.settle, 3 * T)
+    return {"alone_tok_s": alone, "shared_tok_s": shared, "after_tok_s": after,
+            "kept": shared / alone if alone else None,
+            "recovery_s": recovery_time(bins, off, 0.95 * alone),
+            "errors": sum(1 for o in outs if not o.ok and o.error != "cancelled"),
+            "bins": bins, "neighbour_on_s": on, "neighbour_off_s": off,
+            **our_thread_figures(base)}
+
+
+async def quota_run(base: str, args) -> dict:
+    model = first_model(base)
+    cal = await calibrate(base, "/v1/chat/completions", model, args.seed)
+    await warmup(base, "/v1/chat/completions", model, args.concurrency, args.seed)
+    marks: dict[str, float] = {}
+    seconds = args.phase_seconds
+    outs = await steady_load(base, model, cal, args, seconds, marks, lambda _: None)
+    bins = token_bins(outs, marks["start"], seconds)
+    return {"quota_tok_s": rate(bins, args.settle, seconds), **our_thread_figures(base)}
+
+
+def with_prefix(spec: ServerSpec, prefix: list[str]) -> ServerSpec:
+    return ServerSpec(spec.name, prefix + spec.cmd, spec.port, spec.env, spec.cwd)
+
+
+def servers(args) -> list[tuple[str, callable]]:
+    env = dict(kv.split("=", 1) for kv in args.our_env)
+    out = [("pagedllama", lambda: our_server(args.model, args.threads, env=env))]
+    peer = None if args.no_peer else find_peer_bin(args.peer_bin)
+    if peer is not None:
+        out.append(("llama-server", lambda: llama_server(peer, args.model, args.threads,
+                                                         args.parallel)))
+    return out
+
+
+def run(args) -> dict:
+    results = {}
+    for name, make in servers(args):
+        with launched(make()) as base:
+            print(f"{name}: alone / neighbour / alone, {args.phase_seconds:.0f} s each",
+                  file=sys.stderr)
+            results[name] = asyncio.run(neighbour_run(base, args))
+        if args.quota > 0:
+            with ExitStack() as stack:
+                prefix = stack.enter_context(quota_cgroup(args.quota))
+                base = stack.enter_context(launched(with_prefix(make(), prefix)))
+                print(f"{name}: inside a quota of {args.quota} cores", file=sys.stderr)
+                q = asyncio.run(quota_run(base, args))
+            r = results[name]
+            r["quota_tok_s"] = q["quota_tok_s"]
+            r["quota_kept"] = q["quota_tok_s"] / r["alone_tok_s"] if r["alone_tok_s"] else None
+        print(summary_line(name, results[name]), file=sys.stderr)
+    return results
+
+
+def summary_line(name: str, r: dict) -> str:
+    rec = f"{r['recovery_s']:.1f} s" if r.get("recovery_s") is not None else "not within the phase"
+    line = (f"{name}: alone {r['alone_tok_s']:.1f} tok/s, next to a busy process "
+            f"{r['shared_tok_s']:.1f} ({100 * (r['kept'] or 0):.0f}% kept), after "
+            f"{r['after_tok_s']:.1f}; back to 95% in {rec}")
+    if "quota_tok_s" in r:
+        line += f"; quota {r['quota_tok_s']:.1f} ({100 * (r['quota_kept'] or 0):.0f}% kept)"
+    if "thread_changes" in r:
+        line += f"; thread changes {r['thread_changes']}"
+    return line
+
+
+def table(results: dict, args) -> str:
+    cols = ["alone tok/s", "next to a busy process", "kept", "back to 95% after it stops"]
+    if args.quota > 0:
+        cols += [f"quota {args.quota:g} cores", "kept"]
+    lines = ["| server | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
+    for name, r in results.items():
+        rec = f"{r['recovery_s']:.1f} s" if r.get("recovery_s") is not None else "–"
+        cells = [f"{r['alone_tok_s']:.1f}", f"{r['shared_tok_s']:.1f}",
+                 f"{100 * (r['kept'] or 0):.0f}%", rec]
+        if args.quota > 0:
+            cells += [f"{r.get('quota_tok_s', 0):.1f}", f"{100 * (r.get('quota_kept') or 0):.0f}%"]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    if len(results) == 2:
+        ours, peer = results.get("pagedllama"), results.get("llama-server")
+        if ours and peer and peer["shared_tok_s"]:
+            lines.append(f"\nnext to a busy process, pagedllama / llama-server: "
+                         f"{ours['shared_tok_s'] / peer['shared_tok_s']:.1f}x")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    results = run(args)
+    print(table(results, args))
+    if args.result_file:
+        write_result(args.result_file, {"args": vars(args), "results": results})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

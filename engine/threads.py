@@ -1,0 +1,125 @@
+"""Contention-aware thread counts: fewer llama.cpp threads while other processes keep our cores
+busy, all of them again when they leave.
+
+Why (FINDINGS.md, "A busy neighbour stalls llama.cpp's threads"): llama.cpp's threads meet at a
+barrier after every graph op. When one of them shares its core with another runnable thread, the
+kernel deschedules it for a whole time slice and every other thread waits at the next barrier:
+next to ONE busy process, 2 threads on 2 cores fell from 138 to 1.4 tok/s, while 1 thread kept
+its full 1-thread speed (~90 tok/s). One thread has no barriers.
+
+The signal is how much CPU *other* processes use on the cores we may run on: the machine's busy
+time on those cores (/proc/stat) minus this process's own CPU time (/proc/self/stat), per window.
+It works in both directions, which the alternatives do not: our step time or our threads'
+run-queue delay show a neighbour arriving, but with one thread neither changes when it leaves.
+
+Policy (ThreadGovernor, pure arithmetic on recorded figures so that it is unit-tested without a
+clock): the cores left to this process are `cores - others`; a context may use
+`floor(left * share + margin)` threads (share: its part of the process's threads), at least 1,
+at most what it was configured with. Going down takes one window (a stall costs 100x, so react
+fast); going up takes `up_windows` windows in a row (so a neighbour that pauses briefly does not
+make us flap).
+"""
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class CpuSample:
+    """Cumulative CPU figures at one moment, in clock ticks (USER_HZ)."""
+    time: float            # seconds (monotonic)
+    busy: int              # busy ticks of the cores we may use, every process
+    own: int               # this process's user + system ticks (all its threads)
+
+
+@dataclass(frozen=True)
+class ThreadChange:
+    threads: int
+    previous: int
+    others: float          # cores other processes used over the window
+    reason: str
+
+
+class ThreadGovernor:
+    """Decides a context's thread count from successive CPU samples."""
+
+    def __init__(self, configured: int, cores: int, share: float = 1.0, margin: float = 0.5,
+                 window: float = 0.5, up_windows: int = 2, ticks_per_second: int = 100):
+        self.configured, self.cores, self.share = configured, cores, share
+        self.margin, self.window, self.up_windows = margin, window, up_windows
+        self.hz = ticks_per_second
+        self.threads = configured
+        self.others = 0.0                   # cores others used in the last window
+        self._last: CpuSample | None = None
+        self._up_votes = 0
+
+    def target(self, others: float) -> int:
+        left = max(0.0, self.cores - others)
+        return max(1, min(self.configured, math.floor(left * self.share + self.margin)))
+
+    def due(self, now: float) -> bool:
+        """Whether a new sample would complete a window (so /proc is read twice a second)."""
+        return self._last is None or now - self._last.time >= self.window
+
+    def observe(self, sample: CpuSample) -> ThreadChange | None:
+        """Feed a sample; returns a change when the thread count should change now."""
+        if self._last is None:
+            self._last = sample
+            return None
+        elapsed = sample.time - self._last.time
+        if elapsed < self.window:
+            return None
+        others_ticks = (sample.busy - self._last.busy) - (sample.own - self._last.own)
+        self._last = sample
+        self.others = max(0.0, others_ticks / (elapsed * self.hz))
+        return self._decide(self.target(self.others))
+
+    def _decide(self, target: int) -> ThreadChange | None:
+        previous = self.threads
+        if target < previous:
+            self._up_votes = 0
+            self.threads = target
+            return ThreadChange(target, previous, self.others,
+                                f"other processes used {self.others:.2f} of {self.cores} cores")
+        if target > previous:
+            self._up_votes += 1
+            if self._up_votes >= self.up_windows:
+                self._up_votes = 0
+                self.threads = target
+                return ThreadChange(target, previous, self.others,
+                                    f"other processes now use {self.others:.2f} of "
+                                    f"{self.cores} cores")
+            return None
+        self._up_votes = 0
+        return None
+
+
+class CpuMeter:
+    """Reads CpuSample figures from /proc for the cores this process may run on (Linux)."""
+
+    def __init__(self):
+        self.cpus = sorted(os.sched_getaffinity(0))
+        self.hz = os.sysconf("SC_CLK_TCK")
+        self._names = {f"cpu{i}" for i in self.cpus}
+
+    @staticmethod
+    def available() -> bool:
+        return os.path.exists("/proc/stat") and os.path.exists("/proc/self/stat")
+
+    def sample(self, now: float) -> CpuSample:
+        busy = 0
+        with open("/proc/stat") as f:
+            for line in f:
+                if not line.startswith("cpu"):
+                    break
+                parts = line.split()
+                if parts[0] in self._names:
+                    # user nice system idle iowait irq softirq steal: busy = all but idle, iowait
+                    v = [int(x) for x in parts[1:9]]
+                    busy += v[0] + v[1] + v[2] + v[5] + v[6] + v[7]
+        with open("/proc/self/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        own = int(fields[11]) + int(fields[12])    # utime, stime (fields 14 and 15)
+        return CpuSample(now, busy, own)

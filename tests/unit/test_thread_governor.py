@@ -1,0 +1,93 @@
+"""The thread governor, driven by recorded CPU figures (no clock, no /proc)."""
+from engine.threads import CpuMeter, CpuSample, ThreadGovernor
+
+HZ = 100
+
+
+def feed(gov: ThreadGovernor, others_per_window: list[float], own_cores: float = 2.0,
+         window: float = 0.5) -> list[int]:
+    """Feed windows in which other processes used the given cores; returns the thread count
+    after each window."""
+    t, busy, own = 0.0, 0, 0
+    gov.observe(CpuSample(t, busy, own))
+    counts = []
+    for others in others_per_window:
+        t += window
+        own += round(own_cores * window * HZ)
+        busy += round((own_cores + others) * window * HZ)
+        gov.observe(CpuSample(t, busy, own))
+        counts.append(gov.threads)
+    return counts
+
+
+def test_a_quiet_machine_keeps_every_configured_thread():
+    gov = ThreadGovernor(configured=2, cores=2)
+    assert feed(gov, [0.0, 0.1, 0.25, 0.3, 0.0]) == [2, 2, 2, 2, 2]
+
+
+def test_one_busy_neighbour_drops_to_one_thread_within_one_window():
+    # next to 2 spinning threads a busy loop gets about 2/3 of a core
+    gov = ThreadGovernor(configured=2, cores=2)
+    assert feed(gov, [0.0, 0.67])[-1] == 1
+
+
+def test_threads_come_back_only_after_two_quiet_windows():
+    gov = ThreadGovernor(configured=2, cores=2)
+    assert feed(gov, [1.0, 1.0, 0.0, 0.0, 0.0]) == [1, 1, 1, 2, 2]
+
+
+def test_a_neighbour_that_pauses_for_one_window_does_not_bring_threads_back():
+    gov = ThreadGovernor(configured=2, cores=2)
+    assert feed(gov, [1.0, 0.0, 1.0, 0.0, 1.0]) == [1, 1, 1, 1, 1]
+
+
+def test_never_fewer_than_one_thread_even_when_every_core_is_taken():
+    gov = ThreadGovernor(configured=4, cores=4)
+    assert feed(gov, [4.0, 8.0]) == [1, 1]
+
+
+def test_never_more_threads_than_configured():
+    gov = ThreadGovernor(configured=2, cores=8)
+    assert feed(gov, [0.0, 0.0, 0.0]) == [2, 2, 2]
+
+
+def test_on_a_big_machine_a_neighbour_on_spare_cores_changes_nothing():
+    gov = ThreadGovernor(configured=2, cores=8)
+    assert feed(gov, [5.0, 5.5]) == [2, 2]
+
+
+def test_target_leaves_the_cores_others_use():
+    gov = ThreadGovernor(configured=4, cores=4)
+    assert [gov.target(o) for o in (0.0, 0.4, 0.6, 1.0, 2.2, 3.9)] == [4, 4, 3, 3, 2, 1]
+
+
+def test_a_context_with_half_the_threads_gives_up_half_of_the_lost_cores():
+    # two contexts of 2 threads on 4 cores: others on 2 cores leave 1 core to each
+    gov = ThreadGovernor(configured=2, cores=4, share=0.5)
+    assert gov.target(0.0) == 2
+    assert gov.target(2.0) == 1
+
+
+def test_a_window_shorter_than_the_minimum_is_not_a_decision():
+    gov = ThreadGovernor(configured=2, cores=2, window=0.5)
+    gov.observe(CpuSample(0.0, 0, 0))
+    assert not gov.due(0.2)
+    assert gov.observe(CpuSample(0.2, 100, 0)) is None
+    assert gov.threads == 2
+    assert gov.due(0.5)
+
+
+def test_a_change_says_why():
+    gov = ThreadGovernor(configured=2, cores=2)
+    gov.observe(CpuSample(0.0, 0, 0))
+    change = gov.observe(CpuSample(0.5, 150, 100))   # 50 ticks of others in 0.5 s: 1 core
+    assert change is not None and (change.previous, change.threads) == (2, 1)
+    assert "1.00 of 2 cores" in change.reason
+
+
+def test_the_meter_reads_this_process_and_its_cores():
+    meter = CpuMeter()
+    a = meter.sample(0.0)
+    sum(i * i for i in range(200_000))   # some CPU time of our own
+    b = meter.sample(1.0)
+    assert meter.cpus and b.busy >= a.busy and b.own >= a.own
