@@ -205,3 +205,44 @@ def test_split_kv_steps_are_grouped_into_whole_micro_batches(model):
         assert [[c.seq.seq_id for c in g] for g in groups] == [[0, 2, 5], [6], [3, 7]]
     finally:
         worker.stop()
+
+
+def test_greedy_answers_do_not_depend_on_the_thread_count(model):
+    """The thread governor changes a context's threads between decodes, so an answer must not
+    depend on how many threads computed it (ggml splits each op's rows between threads; a row
+    is always computed whole by one thread). Solo and batched, 1 and 2 threads, and a switch
+    to 1 thread while the streams run."""
+    prompts = [chat_prompt(model, q) for q in QUESTIONS[:4]]
+    answers = {}
+    for threads in (1, 2):
+        worker = make_worker(model, n_threads=threads, adaptive_threads=False)
+        try:
+            answers[threads] = (run_all(worker, prompts[:1], max_tokens=32),
+                                run_all(worker, prompts, max_tokens=32))
+        finally:
+            worker.stop()
+    assert answers[1] == answers[2]
+    worker = make_worker(model, n_threads=2, adaptive_threads=False)
+    try:
+        async def main():
+            jobs = [asyncio.ensure_future(generate(worker, p, max_tokens=32)) for p in prompts]
+            while worker.steps < 12:
+                await asyncio.sleep(0.005)
+            worker.context.set_threads(1)   # what the governor does, mid-stream
+            return await asyncio.gather(*jobs)
+        assert asyncio.run(main()) == answers[2][1]
+    finally:
+        worker.stop()
+
+
+def test_a_worker_reports_its_thread_count_and_step_times(model):
+    worker = make_worker(model, n_threads=2)
+    try:
+        run_all(worker, [chat_prompt(model, QUESTIONS[0])], max_tokens=8)
+        snap = worker.snapshot()
+        assert snap["threads"] in (1, 2) and snap["configured_threads"] == 2
+        times = snap["step_ms"]
+        assert times["steps"] >= 8 and times["decode_calls_per_step"] >= 1
+        assert times["decode_s"] > 0 and times["plan_s"] > 0
+    finally:
+        worker.stop()

@@ -19,9 +19,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.server_proc import ROOT, running_server
 
 P = "pagedllama:"
-GAUGES = ["num_requests_running", "num_requests_waiting", "kv_cache_usage_perc"]
+GAUGES = ["num_requests_running", "num_requests_waiting", "kv_cache_usage_perc", "engine_threads"]
 COUNTERS = ["prefix_cache_queries_total", "prefix_cache_hits_total", "num_preemptions_total",
-            "prompt_tokens_total", "generation_tokens_total", "request_success_total"]
+            "prompt_tokens_total", "generation_tokens_total", "request_success_total",
+            "thread_changes_total"]
 HISTOGRAMS = ["time_to_first_token_seconds", "inter_token_latency_seconds",
               "e2e_request_latency_seconds", "request_queue_time_seconds", "iteration_tokens"]
 PROCESS = ["process_cpu_seconds_total", "process_resident_memory_bytes"]
@@ -157,8 +158,9 @@ def test_stats_is_a_small_json_snapshot(server_url, model_name):
     s = httpx.get(f"{server_url}/stats", timeout=10).json()
     for key in ["active_streams", "running", "waiting", "queue_length", "tokens_per_s",
                 "kv_cache_usage_perc", "prefix_cache_hit_rate", "num_preemptions",
-                "cpu_percent", "ram_percent", "rss_bytes"]:
+                "cpu_percent", "ram_percent", "rss_bytes", "threads", "configured_threads"]:
         assert key in s, key
+    assert 1 <= s["threads"] <= s["configured_threads"]
     assert 0 <= s["kv_cache_usage_perc"] <= 100 and 0 < s["ram_percent"] <= 100
     assert s["tokens_per_s"] > 0, "tokens were generated in the last 5 s"
     assert s["ttft_s"]["n"] >= 1 and s["ttft_s"]["p50"] <= s["ttft_s"]["p99"]
