@@ -2,29 +2,32 @@
 
 Each step: take new and cancelled requests from the inbox; ask the scheduler for a plan; apply
 its KV operations; run the batch through llama_decode (the GIL is released inside: one call, or
-with split KV one call per micro-batch shape, see Worker._groups);
-sample every sequence that produced logits; hand the new text to each request's asyncio queue
-with one loop.call_soon_threadsafe per step. The HTTP event loop never calls llama.cpp.
+with split KV one call per micro-batch shape, see Worker._groups); sample every sequence that
+produced logits and post-process its token in one place (append, stop checks, finish); hand the
+new text to each request's asyncio queue with one loop.call_soon_threadsafe per step. The HTTP
+event loop never calls llama.cpp, and reads only what the worker publishes (ContextStats, the
+set of cached block hashes), never the scheduler's or block manager's live structures.
+Between steps the thread governor may change the context's thread count (engine/threads.py).
 """
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 
 from engine.detok import TextStream
 from engine.llama import Context, ContextConfig, Model
-from engine.sampling import Sampler, SamplingParams
+from engine.request import Admit, Cancel, Event, InboxMessage, Request
+from engine.sampling import Sampler
+from engine.stats import ContextStats, StepTimes
 from engine.threads import CpuMeter, ThreadGovernor
-from kvcache import BlockManager, CopyOp, DropSavedOp, RemoveOp, RestoreOp, SaveOp
-from scheduler import Scheduler, Sequence, StepPlan, make_policy
+from kvcache import BlockManager, CopyOp, DropSavedOp, RemoveOp, RestoreOp, SaveOp, block_hashes
+from scheduler import FinishReason, Scheduler, Sequence, Status, StepPlan, make_policy
 
 log = logging.getLogger("pagedllama.engine")
-_request_ids = itertools.count(1)
 
 
 @dataclass
@@ -55,59 +58,6 @@ class EngineConfig:
         return self.n_ctx * (self.max_seqs if self.kv_unified else self.n_seq_max)
 
 
-@dataclass
-class Event:
-    """What a request's queue receives: new text, and on the last event the finish reason."""
-    text: str = ""
-    num_tokens: int = 0
-    finish_reason: str | None = None
-    error: str | None = None
-
-
-@dataclass(eq=False)
-class Request:
-    prompt: list[int]
-    params: SamplingParams
-    priority: int = 0
-    timeout: float | None = None
-    id: int = field(default_factory=lambda: next(_request_ids))
-    loop: asyncio.AbstractEventLoop | None = None
-    queue: asyncio.Queue | None = None
-    seq: Sequence | None = None
-    sampler: Sampler | None = None
-    stream: TextStream | None = None
-    arrival_time: float = field(default_factory=time.monotonic)
-    first_token_time: float | None = None
-    last_token_time: float | None = None
-    finish_time: float | None = None
-    finish_reason: str | None = None
-
-    @property
-    def num_output(self) -> int:
-        return self.seq.num_output if self.seq else 0
-
-    @property
-    def num_cached(self) -> int:
-        return self.seq.num_cached_tokens if self.seq else 0
-
-
-@dataclass
-class StepTimes:
-    """Where a context's step loop spends its time (cumulative seconds; read by /health)."""
-    steps: int = 0
-    decode_calls: int = 0
-    plan_s: float = 0.0        # scheduling, KV ops, admission (Python)
-    decode_s: float = 0.0      # inside llama_decode (batch fill included)
-    sample_s: float = 0.0      # progress, prefix-cache commits, sampling, stop checks, text
-    deliver_s: float = 0.0     # frees, handing events to the event loop
-
-    def per_step_ms(self) -> dict:
-        n = max(1, self.steps)
-        return {"steps": self.steps, "decode_calls_per_step": round(self.decode_calls / n, 3),
-                **{k: round(1000 * getattr(self, k) / n, 3)
-                   for k in ("plan_s", "decode_s", "sample_s", "deliver_s")}}
-
-
 class Observer:
     """Hooks for metrics; called from the worker thread. The default does nothing."""
 
@@ -122,11 +72,14 @@ class QueueFull(Exception):
     pass
 
 
+Delivery = tuple[Request, Event]
+
+
 class Worker:
     """One llama.cpp context and the thread that runs its step loop."""
 
     def __init__(self, name: str, model: Model, config: EngineConfig,
-                 observer: Observer | None = None):
+                 observer: Observer | None = None, publish_prefixes: bool = False):
         self.name, self.model, self.config = name, model, config
         self.observer = observer or Observer()
         self.context = Context(model, ContextConfig(
@@ -139,7 +92,7 @@ class Worker:
         self.scheduler = Scheduler(self.manager, make_policy(config.scheduler), config.max_seqs,
                                    config.max_batch_tokens, config.preemption)
         self.max_seq_len = min(config.n_ctx, self.context.n_ctx_seq)
-        self.inbox: deque[tuple[str, Request]] = deque()
+        self.inbox: deque[InboxMessage] = deque()
         self.wakeup = threading.Event()
         self.submitted = 0            # written by the event loop only
         self.finished = 0             # written by the worker thread only
@@ -149,6 +102,9 @@ class Worker:
         self.meter = CpuMeter() if self.governor else None
         self.thread_changes = 0
         self.times = StepTimes()
+        self.publish_prefixes = publish_prefixes
+        self.cached_hashes: frozenset[int] = frozenset()   # published for the router
+        self.stats = self._collect_stats()                 # published for /health and metrics
         self._stop = False
         self._thread = threading.Thread(target=self._run, name=f"engine-{name}", daemon=True)
 
@@ -178,7 +134,7 @@ class Worker:
         req.loop = asyncio.get_running_loop()
         req.queue = asyncio.Queue()
         self.submitted += 1
-        self.inbox.append(("add", req))
+        self.inbox.append(Admit(req))
         self.wakeup.set()
         return req.queue
 
@@ -187,30 +143,28 @@ class Worker:
         return self.submitted - self.finished
 
     def cancel(self, req: Request) -> None:
-        self.inbox.append(("cancel", req))
+        self.inbox.append(Cancel(req))
         self.wakeup.set()
 
-    def snapshot(self) -> dict:
-        """Counts for /health, /stats and tests (plain reads; may be one step stale)."""
-        m, s = self.manager, self.scheduler
-        return {"name": self.name, "threads": self.threads,
-                "configured_threads": self.config.n_threads,
-                "other_cpu_cores": round(self.governor.others, 3) if self.governor else None,
-                "thread_changes": self.thread_changes,
-                "step_ms": self.times.per_step_ms(),
-                "running": len(s.running), "waiting": len(s.waiting),
-                "outstanding": self.outstanding, "steps": self.steps,
-                "kv_used_blocks": m.num_used_blocks, "kv_total_blocks": m.num_blocks,
-                "kv_cached_blocks": m.num_cached_blocks, "live_seqs": len(m.live),
-                "prefix_query_tokens": m.query_tokens, "prefix_hit_tokens": m.hit_tokens,
-                "num_preemptions": s.num_preemptions, "failed": self.failed}
+    def snapshot(self) -> ContextStats:
+        """The latest published counts (the outstanding count is the event loop's own)."""
+        stats = self.stats
+        if stats.outstanding == self.outstanding:
+            return stats
+        return replace(stats, outstanding=self.outstanding)
 
     def cached_prefix(self, tokens: list[int]) -> int:
-        """Tokens of this prompt the context's prefix cache holds (a racy, read-only peek)."""
-        try:
-            return self.manager.lookup(tokens)
-        except (RuntimeError, KeyError, IndexError):
+        """Leading tokens of this prompt whose blocks the context's prefix cache held at the
+        end of the last step (published by the worker; for routing between replicas)."""
+        cached, n = self.cached_hashes, 0
+        if not cached:
             return 0
+        for h in block_hashes(tokens, self.config.block_size):
+            if h not in cached:
+                break
+            n += 1
+        grid = self.config.prefill_chunk
+        return n * self.config.block_size // grid * grid
 
     # ---- worker thread ---------------------------------------------------------------------------
     def _run(self) -> None:
@@ -219,6 +173,7 @@ class Worker:
                 self._drain_inbox()
                 self._apply(self.manager.take_ops())   # frees of cancelled requests
                 if not self.scheduler.has_work():
+                    self._publish()
                     self.wakeup.wait()
                     self.wakeup.clear()
                     continue
@@ -229,12 +184,11 @@ class Worker:
 
     def _drain_inbox(self) -> None:
         while self.inbox:
-            kind, req = self.inbox.popleft()
-            if kind == "add":
-                self._admit(req)
-            elif req.seq is not None and req.finish_reason is None:
-                self.scheduler.abort(req.seq, "abort")
-                self._close(req, "abort", notify=False)
+            message = self.inbox.popleft()
+            if isinstance(message, Admit):
+                self._admit(message.req)
+            elif message.req.seq is not None and not message.req.finished:
+                self._finish(message.req, FinishReason.ABORT)   # the client left: no delivery
 
     def _admit(self, req: Request) -> None:
         p = req.params
@@ -250,7 +204,7 @@ class Worker:
         self._adapt_threads()
         plan = self.scheduler.schedule()
         self._apply(plan.ops)
-        events = [self._close(s.owner, "timeout") for s in self.scheduler.expired]
+        events = [self._finish(s.owner, FinishReason.TIMEOUT) for s in self.scheduler.expired]
         self.scheduler.expired.clear()
         self.times.plan_s += time.perf_counter() - t0
         if plan.chunks:
@@ -261,11 +215,12 @@ class Worker:
         t1 = time.perf_counter()
         self._apply(self.manager.take_ops())   # frees of requests that finished this step
         self._deliver(events)
+        self._publish()
         self.times.deliver_s += time.perf_counter() - t1
 
-    def _run_plan(self, plan: StepPlan) -> list[tuple[Request, Event]]:
+    def _run_plan(self, plan: StepPlan) -> list[Delivery]:
         t0 = time.perf_counter()
-        events: list[tuple[Request, Event]] = []
+        events: list[Delivery] = []
         times = self.times
         for group in self._groups(plan.chunks):
             pieces = [(c.seq.seq_id, c.seq.tokens[c.start:c.end], c.start, c.wants_logits)
@@ -283,19 +238,61 @@ class Worker:
             if status != 0:
                 raise RuntimeError(f"llama_decode returned {status}")
             self.scheduler.advance(StepPlan(chunks=group))
-            now, offset = time.monotonic(), 0
-            for chunk in group:   # sample now: the next decode overwrites the logits
-                offset += chunk.end - chunk.start
-                if chunk.wants_logits:
-                    req = chunk.seq.owner
-                    token = req.sampler.sample(self.context, offset - 1)
-                    chunk.seq.tokens.append(token)
-                    events.append(self._on_token(req, token, now))
+            events += self._sample(group)
             times.sample_s += time.perf_counter() - t_decoded
         self.steps += 1
         times.steps += 1
         self.observer.on_step(self, plan.num_tokens, time.perf_counter() - t0)
         return events
+
+    def _sample(self, group: list) -> list[Delivery]:
+        """Sample every chunk that wants logits, now: the next decode overwrites them."""
+        now, offset, events = time.monotonic(), 0, []
+        for chunk in group:
+            offset += chunk.end - chunk.start
+            if chunk.wants_logits:
+                req = chunk.seq.owner
+                events.append(self._postprocess(req, req.sampler.sample(self.context, offset - 1),
+                                                now))
+        return events
+
+    def _postprocess(self, req: Request, token: int, now: float) -> Delivery:
+        """The one place a sampled token is appended, stop conditions are checked and a request
+        that reached one is finished."""
+        seq, p = req.seq, req.params
+        seq.tokens.append(token)
+        if req.first_token_time is None:
+            req.first_token_time = now
+        self.observer.on_token(self, req, now)
+        req.last_token_time = now
+        if token in self.model.eog_ids and not p.ignore_eos:
+            return self._finish(req, FinishReason.STOP, req.stream.flush(), num_tokens=1)
+        text, stopped = req.stream.push(token)
+        if stopped:
+            return self._finish(req, FinishReason.STOP, text, num_tokens=1)
+        if seq.num_output >= seq.max_tokens or len(seq.tokens) >= self.max_seq_len:
+            return self._finish(req, FinishReason.LENGTH, text + req.stream.flush(), num_tokens=1)
+        return req, Event(text, 1)
+
+    def _finish(self, req: Request, reason: FinishReason, text: str = "", num_tokens: int = 0,
+                error: str | None = None) -> Delivery:
+        """End a request for any reason: release its sequence (KV frees become ops), its
+        sampler, count it, and make its last event."""
+        if req.seq.status is not Status.FINISHED:
+            self.scheduler.abort(req.seq, reason)
+        req.finish_reason, req.finish_time = reason, time.monotonic()
+        req.sampler.close()
+        self.finished += 1
+        self.observer.on_finish(self, req)
+        return req, Event(text, num_tokens, reason, error)
+
+    def _fail_all(self, message: str) -> None:
+        self.failed = message
+        owners = [s.owner for s in list(self.scheduler.running) + list(self.scheduler.waiting)]
+        events = [self._finish(req, FinishReason.ERROR, error=message) for req in owners]
+        self._apply(self.manager.take_ops())
+        self._deliver(events)
+        self._publish()
 
     def _adapt_threads(self) -> None:
         """Between decodes: follow the governor's thread count (see engine/threads.py)."""
@@ -324,30 +321,6 @@ class Worker:
             by_len.setdefault(c.end - c.start, []).append(c)
         return [sorted(by_len[n], key=lambda c: c.seq.seq_id) for n in sorted(by_len)]
 
-    def _on_token(self, req: Request, token: int, now: float) -> tuple[Request, Event]:
-        seq, p = req.seq, req.params
-        if req.first_token_time is None:
-            req.first_token_time = now
-        self.observer.on_token(self, req, now)
-        req.last_token_time = now
-        if token in self.model.eog_ids and not p.ignore_eos:
-            return self._close(req, "stop", req.stream.flush())
-        text, stopped = req.stream.push(token)
-        if stopped:
-            return self._close(req, "stop", text)
-        if seq.num_output >= seq.max_tokens or len(seq.tokens) >= self.max_seq_len:
-            return self._close(req, "length", text + req.stream.flush())
-        return req, Event(text, 1)
-
-    def _close(self, req: Request, reason: str, text: str = "", notify: bool = True):
-        if req.seq.status.value != "finished":
-            self.scheduler.finish(req.seq, reason)
-        req.finish_reason, req.finish_time = reason, time.monotonic()
-        req.sampler.close()
-        self.finished += 1
-        self.observer.on_finish(self, req)
-        return (req, Event(text, 1 if reason in ("stop", "length") else 0, reason))
-
     def _apply(self, ops) -> None:
         ctx = self.context
         for op in ops:
@@ -366,26 +339,31 @@ class Worker:
             elif isinstance(op, DropSavedOp):
                 ctx.drop_saved(op.key)
 
-    def _fail_all(self, message: str) -> None:
-        events = []
-        for seq in list(self.scheduler.running) + list(self.scheduler.waiting):
-            self.scheduler.abort(seq, "error")
-            req = seq.owner
-            req.finish_reason, req.finish_time = "error", time.monotonic()
-            req.sampler.close()
-            self.finished += 1
-            self.observer.on_finish(self, req)
-            events.append((req, Event(error=message, finish_reason="error")))
-        self._apply(self.manager.take_ops())
-        self._deliver(events)
-
-    def _deliver(self, events: list[tuple[Request, Event]]) -> None:
+    def _deliver(self, events: list[Delivery]) -> None:
         if not events:
             return
         loop = events[0][0].loop
         loop.call_soon_threadsafe(_put_all, events)
 
+    # ---- publishing (worker thread -> event loop, by replacing immutable objects) ---------------
+    def _publish(self) -> None:
+        self.stats = self._collect_stats()
+        if self.publish_prefixes:
+            self.cached_hashes = frozenset(self.manager.cache)
 
-def _put_all(events: list[tuple[Request, Event]]) -> None:
+    def _collect_stats(self) -> ContextStats:
+        m, s, gov = self.manager, self.scheduler, self.governor
+        return ContextStats(
+            name=self.name, threads=self.threads, configured_threads=self.config.n_threads,
+            other_cpu_cores=round(gov.others, 3) if gov else None,
+            thread_changes=self.thread_changes, step_ms=self.times.per_step_ms(),
+            running=len(s.running), waiting=len(s.waiting), outstanding=self.outstanding,
+            steps=self.steps, kv_used_blocks=m.num_used_blocks, kv_total_blocks=m.num_blocks,
+            kv_cached_blocks=m.num_cached_blocks, live_seqs=len(m.live),
+            prefix_query_tokens=m.query_tokens, prefix_hit_tokens=m.hit_tokens,
+            num_preemptions=s.num_preemptions, failed=self.failed)
+
+
+def _put_all(events: list[Delivery]) -> None:
     for req, event in events:
         req.queue.put_nowait(event)

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from kvcache import BlockManager, DropSavedOp, KVOp, RestoreOp, SaveOp
 from scheduler.policy import Policy
-from scheduler.sequence import Sequence, Status
+from scheduler.sequence import FinishReason, Sequence, Status
 
 
 @dataclass
@@ -67,7 +67,7 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
-    def abort(self, seq: Sequence, reason: str = "abort") -> None:
+    def abort(self, seq: Sequence, reason: FinishReason = FinishReason.ABORT) -> None:
         """End a sequence wherever it is: waiting, swapped out, prefilling or decoding."""
         if seq.status is Status.FINISHED:
             return
@@ -78,7 +78,7 @@ class Scheduler:
                 seq.saved_key = None
         self.finish(seq, reason)
 
-    def finish(self, seq: Sequence, reason: str) -> None:
+    def finish(self, seq: Sequence, reason: FinishReason) -> None:
         if seq in self.running:
             self.running.remove(seq)
         if seq.alloc is not None:
@@ -231,5 +231,5 @@ class Scheduler:
     def _expire(self, now: float) -> None:
         for seq in [s for s in self.waiting + self.running
                     if s.deadline is not None and s.deadline <= now]:
-            self.abort(seq, "timeout")
+            self.abort(seq, FinishReason.TIMEOUT)
             self.expired.append(seq)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import itertools
 import time
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import Enum, StrEnum
 from typing import Any
 
 from kvcache import SeqAlloc
@@ -16,6 +16,15 @@ class Status(Enum):
     WAITING = "waiting"
     RUNNING = "running"
     FINISHED = "finished"
+
+
+class FinishReason(StrEnum):
+    """Why a request ended. A StrEnum: compares equal to (and serializes as) its value."""
+    STOP = "stop"          # end-of-generation token or a stop string
+    LENGTH = "length"      # max_tokens or the context limit
+    ABORT = "abort"        # the client went away (cancelled)
+    TIMEOUT = "timeout"    # the request's deadline passed
+    ERROR = "error"        # the context failed
 
 
 @dataclass(eq=False)
@@ -30,7 +39,7 @@ class Sequence:
     tokens: list[int] = field(default_factory=list)
     num_computed: int = 0
     status: Status = Status.WAITING
-    finish_reason: str | None = None
+    finish_reason: FinishReason | None = None
     alloc: SeqAlloc | None = None
     hashes: list[int] | None = None        # chain hashes of the prompt's full blocks
     saved_key: int | None = None           # state swapped to RAM under this key

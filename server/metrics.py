@@ -23,7 +23,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, disable_cre
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from engine import Observer, Request, Worker
+from engine import ContextStats, Observer, Request, Worker
+from scheduler import FinishReason
 
 PREFIX = "pagedllama:"
 disable_created_metrics()   # no `*_created` series (as vLLM): half the lines, no use to dashboards
@@ -40,7 +41,9 @@ ITERATION_BUCKETS = (1, 8, 16, 24, 32, 40, 48, 56, 64, 72, 80, 96, 128, 192, 256
                      1024, 2048, 4096, 8192)
 
 
-FINISH_REASONS = ("stop", "length", "abort", "timeout")
+# series created up front (an engine error's series appears when one happens)
+FINISH_REASONS = tuple(r.value for r in (FinishReason.STOP, FinishReason.LENGTH,
+                                         FinishReason.ABORT, FinishReason.TIMEOUT))
 
 
 def model_of(worker: Worker) -> str:
@@ -73,9 +76,9 @@ class ModelState:
         q = self.prefix_query_tokens
         return self.prefix_hit_tokens / q if q else None
 
-    def add(self, snapshot: dict) -> None:
+    def add(self, stats: "ContextStats | ModelState") -> None:
         for f in fields(self):
-            setattr(self, f.name, getattr(self, f.name) + snapshot[f.name])
+            setattr(self, f.name, getattr(self, f.name) + getattr(stats, f.name))
 
 
 def model_states(workers: Iterable[Worker]) -> dict[str, ModelState]:
@@ -214,7 +217,7 @@ class MetricsObserver(Observer):
 
     def on_finish(self, worker: Worker, req: Request) -> None:
         m = self._of(worker)
-        reason = req.finish_reason or "unknown"
+        reason = str(req.finish_reason or "unknown")
         (m.success.get(reason) or self.request_success.labels(model_of(worker), reason)).inc()
         if req.finish_time is not None:
             m.e2e.observe(req.finish_time - req.arrival_time)
@@ -226,7 +229,7 @@ class MetricsObserver(Observer):
         states = model_states(self.workers())
         total = ModelState()
         for s in states.values():
-            total.add(vars(s))
+            total.add(s)
         return {
             "time": time.time(),
             "uptime_s": round(time.time() - self.started, 3),

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 from typing import AsyncIterator
 
 from fastapi import APIRouter, Request as HTTPRequest
@@ -22,7 +23,7 @@ async def health(http: HTTPRequest):
     svc: Service | None = getattr(http.app.state, "service", None)
     if svc is None or not svc.models:
         return JSONResponse({"status": "loading", "models": {}}, status_code=503)
-    models = {name: {"loaded": True, "contexts": [w.snapshot() for w in lm.workers]}
+    models = {name: {"loaded": True, "contexts": [asdict(w.snapshot()) for w in lm.workers]}
               for name, lm in svc.models.items()}
     return {"status": "ok", "models": models}
 

@@ -10,6 +10,7 @@ from fastapi import APIRouter, Request as HTTPRequest
 from sse_starlette.sse import EventSourceResponse
 
 from engine import Request, Worker
+from scheduler import FinishReason
 from server.errors import APIError, error_body
 from server.schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
 from server.service import LoadedModel, Service
@@ -21,9 +22,10 @@ def service(http: HTTPRequest) -> Service:
     return http.app.state.service
 
 
-def _openai_finish(reason: str | None) -> str | None:
-    # a deadline ends a request like max_tokens does
-    return "length" if reason == "timeout" else reason
+def _openai_finish(reason: FinishReason | None) -> str | None:
+    if reason is FinishReason.TIMEOUT:   # a deadline ends a request like max_tokens does
+        return FinishReason.LENGTH.value
+    return reason.value if reason else None
 
 
 def _usage(req: Request) -> dict:

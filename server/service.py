@@ -49,7 +49,8 @@ class Service:
             key = str(spec.path.resolve())
             model = loaded.get(key) or Model(spec.path, spec.gpu_layers)
             loaded[key] = model
-            workers = [Worker(f"{spec.name}/{i}", model, spec.engine, self.observer)
+            workers = [Worker(f"{spec.name}/{i}", model, spec.engine, self.observer,
+                              publish_prefixes=spec.contexts > 1)   # for the router
                        for i in range(spec.contexts)]
             template = None
             if model.chat_template:

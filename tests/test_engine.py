@@ -240,8 +240,8 @@ def test_a_worker_reports_its_thread_count_and_step_times(model):
     try:
         run_all(worker, [chat_prompt(model, QUESTIONS[0])], max_tokens=8)
         snap = worker.snapshot()
-        assert snap["threads"] in (1, 2) and snap["configured_threads"] == 2
-        times = snap["step_ms"]
+        assert snap.threads in (1, 2) and snap.configured_threads == 2
+        times = snap.step_ms
         assert times["steps"] >= 8 and times["decode_calls_per_step"] >= 1
         assert times["decode_s"] > 0 and times["plan_s"] > 0
     finally:

@@ -1,0 +1,67 @@
+"""One request as the engine sees it, and what its queue receives."""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from dataclasses import dataclass, field
+
+from engine.detok import TextStream
+from engine.sampling import Sampler, SamplingParams
+from scheduler import FinishReason, Sequence
+
+_request_ids = itertools.count(1)
+
+
+@dataclass
+class Event:
+    """What a request's queue receives: new text, and on the last event the finish reason."""
+    text: str = ""
+    num_tokens: int = 0
+    finish_reason: FinishReason | None = None
+    error: str | None = None
+
+
+@dataclass(eq=False)
+class Request:
+    prompt: list[int]
+    params: SamplingParams
+    priority: int = 0
+    timeout: float | None = None
+    id: int = field(default_factory=lambda: next(_request_ids))
+    loop: asyncio.AbstractEventLoop | None = None
+    queue: asyncio.Queue | None = None
+    seq: Sequence | None = None
+    sampler: Sampler | None = None
+    stream: TextStream | None = None
+    arrival_time: float = field(default_factory=time.monotonic)
+    first_token_time: float | None = None
+    last_token_time: float | None = None
+    finish_time: float | None = None
+    finish_reason: FinishReason | None = None
+
+    @property
+    def num_output(self) -> int:
+        return self.seq.num_output if self.seq else 0
+
+    @property
+    def num_cached(self) -> int:
+        return self.seq.num_cached_tokens if self.seq else 0
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+# What the event loop puts in a worker's inbox.
+@dataclass(frozen=True)
+class Admit:
+    req: Request
+
+
+@dataclass(frozen=True)
+class Cancel:
+    req: Request
+
+
+InboxMessage = Admit | Cancel

@@ -1,0 +1,44 @@
+"""What a context reports about itself: a ContextStats snapshot and its step-time split."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class StepTimes:
+    """Where a context's step loop spends its time (cumulative seconds)."""
+    steps: int = 0
+    decode_calls: int = 0
+    plan_s: float = 0.0        # scheduling, KV ops, admission (Python)
+    decode_s: float = 0.0      # inside llama_decode (batch fill included)
+    sample_s: float = 0.0      # progress, prefix-cache commits, sampling, stop checks, text
+    deliver_s: float = 0.0     # frees, handing events to the event loop
+
+    def per_step_ms(self) -> dict:
+        n = max(1, self.steps)
+        return {"steps": self.steps, "decode_calls_per_step": round(self.decode_calls / n, 3),
+                **{k: round(1000 * getattr(self, k) / n, 3)
+                   for k in ("plan_s", "decode_s", "sample_s", "deliver_s")}}
+
+
+@dataclass(frozen=True)
+class ContextStats:
+    """One context's counts (plain reads by the event loop; may be one step stale)."""
+    name: str
+    threads: int                       # llama.cpp threads in use now
+    configured_threads: int
+    other_cpu_cores: float | None      # cores other processes used lately (None: not watched)
+    thread_changes: int
+    step_ms: dict                      # StepTimes.per_step_ms()
+    running: int
+    waiting: int
+    outstanding: int
+    steps: int
+    kv_used_blocks: int
+    kv_total_blocks: int
+    kv_cached_blocks: int
+    live_seqs: int
+    prefix_query_tokens: int
+    prefix_hit_tokens: int
+    num_preemptions: int
+    failed: str | None
