@@ -206,6 +206,7 @@ class Worker:
         self._apply(plan.ops)
         events = [self._finish(s.owner, FinishReason.TIMEOUT) for s in self.scheduler.expired]
         self.scheduler.expired.clear()
+        self.stats = self._collect_stats()     # what runs during this step's decode
         self.times.plan_s += time.perf_counter() - t0
         if plan.chunks:
             events += self._run_plan(plan)
