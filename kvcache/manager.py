@@ -19,10 +19,12 @@ Invariant: cells llama.cpp uses <= cells of the blocks counted as used here.
 from __future__ import annotations
 
 import heapq
+import itertools
 from collections import OrderedDict, deque
 from typing import Sequence
 
-from kvcache.blocks import Block, CopyOp, KVOp, NO_PARENT, RemoveOp, SeqAlloc, block_hashes
+from kvcache.blocks import (Block, CopyOp, DropSavedOp, KVOp, NO_PARENT, RemoveOp, RestoreOp,
+                            SaveOp, SeqAlloc, block_hashes)
 
 
 class BlockManager:
@@ -41,7 +43,8 @@ class BlockManager:
         self.num_seq_ids = num_seq_ids
         self.owned: dict[int, int] = {}   # seq id -> number of cached blocks it owns
         self.live: set[int] = set()       # seq ids of open sequences
-        self.ops: list[KVOp] = []
+        self._ops: list[KVOp] = []          # for the engine, in order; read through take_ops()
+        self._save_keys = itertools.count()
         self.query_tokens = self.hit_tokens = 0
 
     # ---- accounting -------------------------------------------------------------------------
@@ -67,7 +70,7 @@ class BlockManager:
         return -(-n_tokens // self.block_size)
 
     def take_ops(self) -> list[KVOp]:
-        ops, self.ops = self.ops, []
+        ops, self._ops = self._ops, []
         return ops
 
     def hashes(self, tokens: Sequence[int]) -> list[int]:
@@ -136,17 +139,33 @@ class BlockManager:
         elif not self.share_cells and self.free_seq_ids and max(self.free_seq_ids) > seq_id:
             self._move_holder(seq_id, max(self.free_seq_ids), n_keep * self.block_size, owned)
         else:
-            self.ops.append(RemoveOp(seq_id, n_keep * self.block_size))
+            self._ops.append(RemoveOp(seq_id, n_keep * self.block_size))
 
     def _move_holder(self, src: int, dst: int, n_tokens: int, owned: list[Block]) -> None:
         """Hand the cached blocks src owns, and its cells [0, n_tokens), to seq id dst."""
         self.free_seq_ids.remove(dst)
         heapq.heapify(self.free_seq_ids)
-        self.ops.append(CopyOp(src, dst, 0, n_tokens))
+        self._ops.append(CopyOp(src, dst, 0, n_tokens))
         for block in owned:
             block.owner = dst
         self.owned[dst] = self.owned.pop(src)
         self._release_seq_id(src)
+
+    # ---- swapping sequence state to RAM -------------------------------------------------------
+    def save(self, alloc: SeqAlloc) -> int:
+        """Have the engine save the sequence's state to RAM (before the ops that follow, such as
+        free's). Returns the key to restore or drop it by."""
+        key = next(self._save_keys)
+        self._ops.append(SaveOp(alloc.seq_id, key))
+        return key
+
+    def restore(self, key: int, alloc: SeqAlloc) -> None:
+        """Have the engine load the state saved under key into the sequence's seq id."""
+        self._ops.append(RestoreOp(key, alloc.seq_id))
+
+    def drop_saved(self, key: int) -> None:
+        """Forget the state saved under key (its sequence ended while swapped out)."""
+        self._ops.append(DropSavedOp(key))
 
     # ---- growing ------------------------------------------------------------------------------
     def ensure(self, alloc: SeqAlloc, n_tokens: int) -> bool:
@@ -186,7 +205,7 @@ class BlockManager:
                     return  # a hash collision: leave the rest of this sequence uncached
                 if not self.share_cells:
                     continue
-                self.ops += [RemoveOp(alloc.seq_id, i * bs, (i + 1) * bs),
+                self._ops += [RemoveOp(alloc.seq_id, i * bs, (i + 1) * bs),
                              CopyOp(twin.owner, alloc.seq_id, i * bs, (i + 1) * bs)]
                 self._ref(twin)
                 alloc.blocks[i] = twin
@@ -230,7 +249,7 @@ class BlockManager:
         for block in hit:
             self._ref(block)
             alloc.blocks.append(block)
-        self.ops.append(CopyOp(hit[-1].owner, alloc.seq_id, p0, len(alloc.blocks) * self.block_size))
+        self._ops.append(CopyOp(hit[-1].owner, alloc.seq_id, p0, len(alloc.blocks) * self.block_size))
 
     def _ref(self, block: Block) -> None:
         if block.ref_count == 0:
@@ -250,7 +269,7 @@ class BlockManager:
         del self.evictable[leaf.id]
         del self.cache[leaf.hash]
         owner, bs = leaf.owner, self.block_size
-        self.ops.append(RemoveOp(owner, leaf.index * bs, (leaf.index + 1) * bs))
+        self._ops.append(RemoveOp(owner, leaf.index * bs, (leaf.index + 1) * bs))
         if leaf.parent is not None:
             leaf.parent.n_children -= 1
         self.owned[owner] -= 1
@@ -270,7 +289,7 @@ class BlockManager:
 
     def _release_seq_id(self, seq_id: int, had_cells: bool = True) -> None:
         if had_cells:
-            self.ops.append(RemoveOp(seq_id, 0))
+            self._ops.append(RemoveOp(seq_id, 0))
         heapq.heappush(self.free_seq_ids, seq_id)
 
     # ---- checks (tests and debugging) -----------------------------------------------------------

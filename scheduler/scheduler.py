@@ -11,11 +11,10 @@ runs, and prefix-cache reuse (which ends on the grid) gives bit-identical result
 """
 from __future__ import annotations
 
-import itertools
 import time
 from dataclasses import dataclass, field
 
-from kvcache import BlockManager, DropSavedOp, KVOp, RestoreOp, SaveOp
+from kvcache import BlockManager, KVOp
 from scheduler.policy import Policy
 from scheduler.sequence import Sequence, Status
 
@@ -57,7 +56,6 @@ class Scheduler:
         self.inflight: dict[int, Sequence] = {}   # block hash -> sequence computing it now
         self.expired: list[Sequence] = []         # ended by their deadline, to be reported
         self.num_preemptions = 0
-        self._save_keys = itertools.count()
 
     # ---- queue ----------------------------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
@@ -74,7 +72,7 @@ class Scheduler:
         if seq in self.waiting:
             self.waiting.remove(seq)
             if seq.saved_key is not None:
-                self.manager.ops.append(DropSavedOp(seq.saved_key))
+                self.manager.drop_saved(seq.saved_key)
                 seq.saved_key = None
         self.finish(seq, reason)
 
@@ -190,7 +188,7 @@ class Scheduler:
             if alloc is None:
                 return False
             self.manager.ensure(alloc, seq.num_computed)
-            self.manager.ops.append(RestoreOp(seq.saved_key, alloc.seq_id))
+            self.manager.restore(seq.saved_key, alloc)
             seq.saved_key = None
             seq.alloc = alloc
             self.manager.commit(alloc, seq.tokens, seq.num_computed)
@@ -212,8 +210,7 @@ class Scheduler:
             self._release_claims(chunk.claims, seq)
         self.running.remove(seq)
         if self.preemption == "swap" and seq.num_computed > 0:
-            seq.saved_key = next(self._save_keys)
-            self.manager.ops.append(SaveOp(seq.seq_id, seq.saved_key))
+            seq.saved_key = self.manager.save(seq.alloc)
         else:
             seq.num_computed, seq.hashes = 0, None
         self.manager.free(seq.alloc)

@@ -127,6 +127,37 @@ def test_open_fails_without_blocks_and_leaves_no_trace():
     assert manager.take_ops() == []
 
 
+def test_a_saved_state_comes_back_in_a_new_sequence():
+    manager, kv = make()
+    tokens = list(range(6))
+    a = manager.open(tokens, 5, 7)
+    compute(manager, kv, a, tokens, 0, 6)
+    key = manager.save(a)
+    manager.free(a)
+    kv.apply(manager.take_ops())
+    b = manager.open([], 0, 7)
+    manager.restore(key, b)
+    kv.apply(manager.take_ops())
+    assert kv.read(b.seq_id) == [tuple(tokens[:p + 1]) for p in range(6)] and kv.saved == {}
+
+
+def test_a_dropped_saved_state_is_forgotten():
+    manager, kv = make()
+    a = manager.open(list(range(6)), 5, 7)
+    compute(manager, kv, a, list(range(6)), 0, 6)
+    key = manager.save(a)
+    manager.free(a)
+    manager.drop_saved(key)
+    kv.apply(manager.take_ops())
+    assert kv.saved == {}
+
+
+def test_each_saved_state_gets_its_own_key():
+    manager, kv = make()
+    a, b = manager.open([1, 2], 1, 3), manager.open([3, 4], 1, 3)
+    assert manager.save(a) != manager.save(b)
+
+
 class ManagerMachine(RuleBasedStateMachine):
     """Random interleavings of open / compute / fork (shared prefix) / finish / evict."""
     share_cells = True
