@@ -11,8 +11,9 @@ A new sequence whose prompt starts with cached blocks gets them by CopyOp (llama
 from the owner of the last matched block, which holds the whole chain): zero-copy in a unified
 KV cache, a stream copy with split KV (share_cells=False). With split KV a finished sequence
 moves its cached blocks to the highest free seq id, so running sequences keep low, contiguous
-ids (llama.cpp batches only consecutive seq ids of split streams into one ubatch). Reuse stops on a multiple of `grid`, the prefill chunk grid, so that a cached prompt is
-computed in exactly the same pieces as a cold one.
+ids (llama.cpp batches only consecutive seq ids of split streams into one ubatch). Reuse stops on
+a multiple of `prefill_chunk`, so that a cached prompt is computed in exactly the same pieces as a
+cold one.
 
 Invariant: cells llama.cpp uses <= cells of the blocks counted as used here.
 """
@@ -28,12 +29,15 @@ from kvcache.blocks import (Block, CopyOp, DropSavedOp, KVOp, NO_PARENT, RemoveO
 
 
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int = 16, num_seq_ids: int = 64,
-                 prefix_caching: bool = True, grid: int | None = None, share_cells: bool = True):
-        grid = grid or block_size
-        if grid % block_size:
-            raise ValueError(f"prefill grid {grid} must be a multiple of block size {block_size}")
-        self.block_size, self.grid, self.prefix_caching = block_size, grid, prefix_caching
+    def __init__(self, num_blocks: int, *, block_size: int = 16, num_seq_ids: int = 64,
+                 prefix_caching: bool = True, prefill_chunk: int | None = None,
+                 share_cells: bool = True):
+        prefill_chunk = prefill_chunk or block_size
+        if prefill_chunk % block_size:
+            raise ValueError(f"prefill chunk {prefill_chunk} must be a multiple of block size "
+                             f"{block_size}")
+        self.block_size, self.prefill_chunk = block_size, prefill_chunk
+        self.prefix_caching = prefix_caching
         self.share_cells = share_cells
         self.blocks = [Block(i) for i in range(num_blocks)]
         self.free_list: deque[Block] = deque(self.blocks)          # unreferenced, uncached
@@ -80,7 +84,7 @@ class BlockManager:
     def can_open(self) -> bool:
         return bool(self.free_seq_ids) or bool(self.owned.keys() - self.live)
 
-    def open(self, tokens: Sequence[int], max_reuse: int, reserve_tokens: int,
+    def open(self, tokens: Sequence[int], max_reuse: int, reserve_tokens: int, *,
              hashes: list[int] | None = None, extra_blocks: int = 0) -> SeqAlloc | None:
         """A sequence for `tokens` that reuses up to `max_reuse` cached tokens, if blocks for
         `reserve_tokens` (+ extra_blocks already promised elsewhere) fit and a seq id is free."""
@@ -89,13 +93,10 @@ class BlockManager:
             return None
         hashes = hashes if hashes is not None else self.hashes(tokens)
         hit = self._match(hashes, tokens, 0, max_reuse)
-        hit_evictable = sum(1 for b in hit if b.ref_count == 0)
-        need = self.blocks_for(reserve_tokens) - len(hit) + extra_blocks
-        if need > self.num_free_blocks - hit_evictable:
-            self._release_seq_id(seq_id, had_cells=False)
+        alloc = self._reserve(seq_id, hit, reserve_tokens, extra_blocks)
+        if alloc is None:
             return None
-        alloc = SeqAlloc(seq_id, hashes=list(hashes))
-        self.live.add(seq_id)
+        alloc.hashes = list(hashes)
         self._share(alloc, hit)
         alloc.num_cached = len(hit) * self.block_size
         if self.prefix_caching:
@@ -103,13 +104,40 @@ class BlockManager:
             self.hit_tokens += alloc.num_cached
         return alloc
 
+    def open_for_restore(self, key: int, tokens: Sequence[int], reserve_tokens: int, *,
+                         extra_blocks: int = 0) -> SeqAlloc | None:
+        """A sequence for the state saved under `key` (the KV of `tokens`), on the same terms as
+        open: the state is loaded into its seq id and its full blocks go to the prefix cache."""
+        seq_id = self._acquire_seq_id()
+        if seq_id is None:
+            return None
+        alloc = self._reserve(seq_id, [], reserve_tokens, extra_blocks)
+        if alloc is None:
+            return None
+        self.ensure(alloc, len(tokens))
+        self._ops.append(RestoreOp(key, seq_id))
+        self.commit(alloc, tokens, len(tokens))
+        return alloc
+
+    def _reserve(self, seq_id: int, hit: list[Block], reserve_tokens: int,
+                 extra_blocks: int) -> SeqAlloc | None:
+        """A live sequence on seq_id if blocks for reserve_tokens (less the cached hit, plus
+        extra_blocks) fit; otherwise seq_id goes back to the pool."""
+        hit_evictable = sum(1 for b in hit if b.ref_count == 0)
+        need = self.blocks_for(reserve_tokens) - len(hit) + extra_blocks
+        if need > self.num_free_blocks - hit_evictable:
+            self._release_seq_id(seq_id, had_cells=False)
+            return None
+        self.live.add(seq_id)
+        return SeqAlloc(seq_id)
+
     def extend(self, alloc: SeqAlloc, tokens: Sequence[int], num_computed: int,
                max_reuse: int) -> int:
         """Share cached blocks that continue a sequence computed up to num_computed (blocks
         another sequence computed since this one opened). Returns the number of tokens gained."""
         start = len(alloc.blocks)
         if (not self.prefix_caching or start * self.block_size != num_computed
-                or num_computed % self.grid):
+                or num_computed % self.prefill_chunk):
             return 0
         hit = self._match(alloc.hashes, tokens, start, max_reuse)
         self._share(alloc, hit)
@@ -154,14 +182,10 @@ class BlockManager:
     # ---- swapping sequence state to RAM -------------------------------------------------------
     def save(self, alloc: SeqAlloc) -> int:
         """Have the engine save the sequence's state to RAM (before the ops that follow, such as
-        free's). Returns the key to restore or drop it by."""
+        free's). Returns the key to open_for_restore or drop_saved it by."""
         key = next(self._save_keys)
         self._ops.append(SaveOp(alloc.seq_id, key))
         return key
-
-    def restore(self, key: int, alloc: SeqAlloc) -> None:
-        """Have the engine load the state saved under key into the sequence's seq id."""
-        self._ops.append(RestoreOp(key, alloc.seq_id))
 
     def drop_saved(self, key: int) -> None:
         """Forget the state saved under key (its sequence ended while swapped out)."""
@@ -230,7 +254,8 @@ class BlockManager:
     # ---- internals ----------------------------------------------------------------------------
     def _match(self, hashes: list[int], tokens: Sequence[int], start: int,
                max_reuse: int) -> list[Block]:
-        """Cached blocks for hashes[start:], cut so the reuse ends on the grid and <= max_reuse."""
+        """Cached blocks for hashes[start:], cut so the reuse ends on a multiple of prefill_chunk
+        and is <= max_reuse."""
         if not self.prefix_caching:
             return []
         bs, hit = self.block_size, []
@@ -239,7 +264,8 @@ class BlockManager:
             if block is None or block.tokens != tuple(tokens[i * bs:(i + 1) * bs]):
                 break
             hit.append(block)
-        end = min((start + len(hit)) * bs, max_reuse) // self.grid * self.grid
+        chunk = self.prefill_chunk
+        end = min((start + len(hit)) * bs, max_reuse) // chunk * chunk
         return hit[:max(0, end // bs - start)]
 
     def _share(self, alloc: SeqAlloc, hit: list[Block]) -> None:

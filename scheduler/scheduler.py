@@ -5,9 +5,10 @@ that is generating, then prompt chunks for sequences still prefilling, then admi
 sequences while sequence slots, seq ids, KV blocks and budget last. It thinks in "tokens computed
 so far": a running sequence needs tokens[num_computed:], and a decode is just one pending token.
 
-Prompt chunks follow a fixed grid: a step computes at most one grid cell [kG, (k+1)G) of a
-sequence's tokens (or the tail), so the pieces a prompt is computed in never depend on what else
-runs, and prefix-cache reuse (which ends on the grid) gives bit-identical results.
+Prompt chunks are aligned: with C = the manager's prefill_chunk, a step computes at most one chunk
+[kC, (k+1)C) of a sequence's tokens (or the tail), so the pieces a prompt is computed in never
+depend on what else runs, and prefix-cache reuse (which ends on a multiple of C) gives
+bit-identical results.
 """
 from __future__ import annotations
 
@@ -42,11 +43,11 @@ class StepPlan:
 
 
 class Scheduler:
-    def __init__(self, manager: BlockManager, policy: Policy, max_seqs: int = 16,
+    def __init__(self, manager: BlockManager, policy: Policy, *, max_seqs: int = 16,
                  max_batch_tokens: int = 256, preemption: str = "swap"):
-        if max_batch_tokens < max_seqs + manager.grid:
+        if max_batch_tokens < max_seqs + manager.prefill_chunk:
             raise ValueError(f"max_batch_tokens ({max_batch_tokens}) must be at least max_seqs "
-                             f"({max_seqs}) + prefill chunk ({manager.grid})")
+                             f"({max_seqs}) + prefill chunk ({manager.prefill_chunk})")
         if preemption not in ("swap", "recompute"):
             raise ValueError("preemption must be 'swap' or 'recompute'")
         self.manager, self.policy = manager, policy
@@ -124,8 +125,8 @@ class Scheduler:
             seq.num_computed += gained
             seq.num_cached_tokens += gained
         start = seq.num_computed
-        grid = self.manager.grid
-        end = min((start // grid + 1) * grid, len(seq.tokens))
+        chunk = self.manager.prefill_chunk
+        end = min((start // chunk + 1) * chunk, len(seq.tokens))
         if end - start > budget:
             return False
         claims = self._claims(seq, start, end)
@@ -184,19 +185,16 @@ class Scheduler:
         promised = sum(self.manager.blocks_for(len(s.tokens) + 1) - len(s.alloc.blocks)
                        for s in self.running)
         if seq.saved_key is not None:
-            alloc = self.manager.open([], 0, seq.num_computed + 1, extra_blocks=promised)
+            alloc = self.manager.open_for_restore(seq.saved_key, seq.tokens[:seq.num_computed],
+                                                  seq.num_computed + 1, extra_blocks=promised)
             if alloc is None:
                 return False
-            self.manager.ensure(alloc, seq.num_computed)
-            self.manager.restore(seq.saved_key, alloc)
-            seq.saved_key = None
-            seq.alloc = alloc
-            self.manager.commit(alloc, seq.tokens, seq.num_computed)
+            seq.saved_key, seq.alloc = None, alloc
             return True
         if seq.hashes is None:
             seq.hashes = self.manager.hashes(seq.tokens)
         alloc = self.manager.open(seq.tokens, len(seq.tokens) - 1, len(seq.tokens) + 1,
-                                  seq.hashes, extra_blocks=promised)
+                                  hashes=seq.hashes, extra_blocks=promised)
         if alloc is None:
             return False
         seq.alloc, seq.num_computed = alloc, alloc.num_cached

@@ -8,8 +8,9 @@ from tests.fakes import FakeKV
 BS = 4
 
 
-def make(num_blocks=16, seq_ids=8, caching=True, grid=BS, share_cells=True):
-    return (BlockManager(num_blocks, BS, seq_ids, caching, grid, share_cells),
+def make(num_blocks=16, seq_ids=8, caching=True, prefill_chunk=BS, share_cells=True):
+    return (BlockManager(num_blocks, block_size=BS, num_seq_ids=seq_ids, prefix_caching=caching,
+                         prefill_chunk=prefill_chunk, share_cells=share_cells),
             FakeKV(num_blocks * BS))
 
 
@@ -48,8 +49,8 @@ def test_last_prompt_token_is_always_recomputed():
     assert b.num_cached == 4
 
 
-def test_reuse_stops_on_the_prefill_grid():
-    manager, kv = make(grid=2 * BS)
+def test_reuse_stops_on_a_prefill_chunk_boundary():
+    manager, kv = make(prefill_chunk=2 * BS)
     tokens = list(range(14))
     a = manager.open(tokens, 13, 15)
     compute(manager, kv, a, tokens, 0, 14)
@@ -135,8 +136,7 @@ def test_a_saved_state_comes_back_in_a_new_sequence():
     key = manager.save(a)
     manager.free(a)
     kv.apply(manager.take_ops())
-    b = manager.open([], 0, 7)
-    manager.restore(key, b)
+    b = manager.open_for_restore(key, tokens, 7)
     kv.apply(manager.take_ops())
     assert kv.read(b.seq_id) == [tuple(tokens[:p + 1]) for p in range(6)] and kv.saved == {}
 
@@ -242,13 +242,13 @@ TestSplitKVManagerMachine.settings = TestManagerMachine.settings
 
 
 def test_split_kv_twin_block_does_not_stop_caching_the_rest():
-    manager, kv = make(share_cells=False, grid=4 * BS)
+    manager, kv = make(share_cells=False, prefill_chunk=4 * BS)
     head = [1, 2, 3, 4]
     a_tokens, b_tokens = head + list(range(100, 120)), head + list(range(200, 220))
     a = manager.open(a_tokens, len(a_tokens) - 1, len(a_tokens) + 1)
     compute(manager, kv, a, a_tokens, 0, len(a_tokens))
     b = manager.open(b_tokens, len(b_tokens) - 1, len(b_tokens) + 1)
-    assert b.num_cached == 0          # one shared block is below the grid: computed again
+    assert b.num_cached == 0          # one shared block is below the prefill chunk: computed again
     compute(manager, kv, b, b_tokens, 0, len(b_tokens))
     manager.free(b)
     kv.apply(manager.take_ops())
