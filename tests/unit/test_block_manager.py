@@ -98,6 +98,46 @@ def test_eviction_takes_tail_blocks_first_and_releases_the_holder():
     manager.check_invariants()
 
 
+def test_a_parent_becomes_evictable_in_lru_order_after_its_last_child():
+    """P (head) is released after x and before z, its child before both: once the child is
+    evicted, P goes after x and before z."""
+    manager, kv = make()
+    head, x_tokens, z_tokens = [1, 2, 3, 4], list(range(100, 105)), list(range(200, 205))
+    a_tokens, b_tokens = head + [5, 6], head + [7, 8, 9, 10, 11]
+    a = manager.open(a_tokens, 5, 7)
+    compute(manager, kv, a, a_tokens, 0, 6)          # caches P (A's tail stays partial)
+    b = manager.open(b_tokens, 8, 10)
+    compute(manager, kv, b, b_tokens, 4, 9)          # caches P's child
+    x, z = manager.open(x_tokens, 4, 6), manager.open(z_tokens, 4, 6)
+    compute(manager, kv, x, x_tokens, 0, 5)
+    compute(manager, kv, z, z_tokens, 0, 5)
+    for alloc in (b, x, a, z):                       # releases: P's child, x, P, z
+        manager.free(alloc)
+    kv.apply(manager.take_ops())
+    manager._evict_one()
+    assert manager.lookup(b_tokens) == 4 and manager.lookup(x_tokens) == 4
+    manager._evict_one()
+    assert manager.lookup(x_tokens) == 0 and manager.lookup(a_tokens) == 4
+    manager._evict_one()
+    assert manager.lookup(a_tokens) == 0 and manager.lookup(z_tokens) == 4
+    manager.check_invariants()
+
+
+def test_a_chain_released_together_is_evicted_tail_to_head_before_newer_leaves():
+    manager, kv = make()
+    a_tokens, y_tokens = list(range(9)), list(range(100, 105))
+    a = manager.open(a_tokens, 8, 10)
+    compute(manager, kv, a, a_tokens, 0, 9)
+    y = manager.open(y_tokens, 4, 6)
+    compute(manager, kv, y, y_tokens, 0, 5)
+    manager.free(a)
+    manager.free(y)
+    manager._evict_one()
+    manager._evict_one()
+    assert manager.lookup(a_tokens) == 0 and manager.lookup(y_tokens) == 4
+    manager.check_invariants()
+
+
 def test_caching_off_frees_everything():
     manager, kv = make(caching=False)
     tokens = list(range(10))
