@@ -1,8 +1,10 @@
-"""The only package that imports llama_cpp: models, contexts, sampling and the step loop."""
+"""The only package that imports llama_cpp: models, contexts, sampling, the step loop, and
+(engine.tools) the measurement tooling of benchmarks/ and experiments/."""
 from engine.chat import ChatTemplate, ChatTemplateError
-from engine.llama import Context, ContextConfig, Model
+from engine.llama import Context, ContextConfig, Model, llama_cpp_version
 from engine.sampling import Sampler, SamplingParams
 from engine.worker import EngineConfig, Event, Observer, QueueFull, Request, Worker
 
 __all__ = ["ChatTemplate", "ChatTemplateError", "Context", "ContextConfig", "EngineConfig", "Event",
-           "Model", "Observer", "QueueFull", "Request", "Sampler", "SamplingParams", "Worker"]
+           "Model", "Observer", "QueueFull", "Request", "Sampler", "SamplingParams", "Worker",
+           "llama_cpp_version"]
