@@ -1,6 +1,7 @@
-"""The only package that imports llama_cpp: models, contexts, sampling and the step loop."""
+"""The only package that imports llama_cpp: models, contexts, sampling, the step loop, and
+(engine.tools) the measurement tooling of benchmarks/ and experiments/."""
 from engine.chat import ChatTemplate, ChatTemplateError
-from engine.llama import Context, ContextConfig, Model
+from engine.llama import Context, ContextConfig, Model, llama_cpp_version
 from engine.sampling import Sampler, SamplingParams
 from engine.request import Event, Request
 from engine.stats import ContextStats
@@ -8,4 +9,4 @@ from engine.worker import EngineConfig, Observer, QueueFull, Worker
 
 __all__ = ["ChatTemplate", "ChatTemplateError", "Context", "ContextConfig", "ContextStats",
            "EngineConfig", "Event", "Model", "Observer", "QueueFull", "Request", "Sampler",
-           "SamplingParams", "Worker"]
+           "SamplingParams", "Worker", "llama_cpp_version"]

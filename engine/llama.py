@@ -21,6 +21,11 @@ _backend_lock = threading.Lock()
 _backend_ready = False
 
 
+def llama_cpp_version() -> str:
+    """The version of llama-cpp-python (and so of the llama.cpp it vendors) in this process."""
+    return C.__version__
+
+
 @C.llama_log_callback
 def _log_callback(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
     # llama.cpp's own messages go through logging; quiet (DEBUG) unless they are errors.

@@ -37,7 +37,7 @@ class EngineConfig:
     n_threads: int = 2
     max_batch_tokens: int = 256
     block_size: int = 16
-    prefill_chunk: int = 16           # the prefill grid G (see benchmarks.chunking)
+    prefill_chunk: int = 16           # aligned prompt chunk size (see benchmarks.chunking)
     prefix_caching: bool = True
     kv_unified: bool = False
     flash_attn: bool = True           # off is faster on CPU but not batch-invariant (README)
@@ -86,11 +86,13 @@ class Worker:
             n_ctx=config.total_cells, n_seq_max=config.n_seq_max, n_batch=config.max_batch_tokens,
             n_threads=config.n_threads, kv_unified=config.kv_unified,
             flash_attn=config.flash_attn))
-        self.manager = BlockManager(config.total_cells // config.block_size, config.block_size,
-                                    config.n_seq_max, config.prefix_caching, config.prefill_chunk,
-                                    share_cells=config.kv_unified)
-        self.scheduler = Scheduler(self.manager, make_policy(config.scheduler), config.max_seqs,
-                                   config.max_batch_tokens, config.preemption)
+        self.manager = BlockManager(
+            config.total_cells // config.block_size, block_size=config.block_size,
+            num_seq_ids=config.n_seq_max, prefix_caching=config.prefix_caching,
+            prefill_chunk=config.prefill_chunk, share_cells=config.kv_unified)
+        self.scheduler = Scheduler(
+            self.manager, make_policy(config.scheduler), max_seqs=config.max_seqs,
+            max_batch_tokens=config.max_batch_tokens, preemption=config.preemption)
         self.max_seq_len = min(config.n_ctx, self.context.n_ctx_seq)
         self.inbox: deque[InboxMessage] = deque()
         self.wakeup = threading.Event()

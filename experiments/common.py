@@ -47,9 +47,9 @@ def cpu_model() -> str:
 
 
 def machine_info() -> dict:
-    import llama_cpp
+    from engine import llama_cpp_version
     return {"cpu": cpu_model(), "cores": n_cores(), "load_average_start": os.getloadavg(),
-            "llama_cpp_python": llama_cpp.__version__, "python": platform.python_version(),
+            "llama_cpp_python": llama_cpp_version(), "python": platform.python_version(),
             "started": dt.datetime.now().isoformat(timespec="seconds")}
 
 

@@ -33,10 +33,11 @@ class Block:
     owner: int | None = None           # llama.cpp seq id whose cells hold the block for the cache
     parent: Block | None = None
     n_children: int = 0                # cached blocks whose parent is this one
+    last_used: int = 0                 # the manager's clock when its last reference was dropped
 
     def reset(self) -> None:
         self.ref_count, self.index, self.hash, self.tokens = 0, 0, None, ()
-        self.owner, self.parent, self.n_children = None, None, 0
+        self.owner, self.parent, self.n_children, self.last_used = None, None, 0, 0
 
 
 # KV operations, applied by the engine in order before the next llama_decode.

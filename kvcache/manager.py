@@ -6,42 +6,55 @@ chain hash, owned by that sequence's seq id. When the sequence ends, the seq id 
 *holder* of the cells of the cached blocks it owns (its uncached tail is removed), until LRU
 eviction removes them: a holder's cells cover [0, end of its last owned block), because cached
 blocks form chains and a chain's ancestors are evicted only after its descendants (leaves first).
+Eviction takes the least recently released leaf from a LeafQueue kept in that order as blocks are
+released, referenced again and gain or lose cached children: O(1) amortised, where scanning every
+unreferenced block for the first leaf cost up to 1.4 ms at 100k cached blocks (benchmarks.evict).
 
 A new sequence whose prompt starts with cached blocks gets them by CopyOp (llama_memory_seq_cp
 from the owner of the last matched block, which holds the whole chain): zero-copy in a unified
 KV cache, a stream copy with split KV (share_cells=False). With split KV a finished sequence
 moves its cached blocks to the highest free seq id, so running sequences keep low, contiguous
-ids (llama.cpp batches only consecutive seq ids of split streams into one ubatch). Reuse stops on a multiple of `grid`, the prefill chunk grid, so that a cached prompt is
-computed in exactly the same pieces as a cold one.
+ids (llama.cpp batches only consecutive seq ids of split streams into one ubatch). Reuse stops on
+a multiple of `prefill_chunk`, so that a cached prompt is computed in exactly the same pieces as a
+cold one.
 
 Invariant: cells llama.cpp uses <= cells of the blocks counted as used here.
 """
 from __future__ import annotations
 
 import heapq
-from collections import OrderedDict, deque
+import itertools
+from collections import deque
 from typing import Sequence
 
-from kvcache.blocks import Block, CopyOp, KVOp, NO_PARENT, RemoveOp, SeqAlloc, block_hashes
+from kvcache.blocks import (Block, CopyOp, DropSavedOp, KVOp, NO_PARENT, RemoveOp, RestoreOp,
+                            SaveOp, SeqAlloc, block_hashes)
+from kvcache.leaves import LeafQueue
 
 
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int = 16, num_seq_ids: int = 64,
-                 prefix_caching: bool = True, grid: int | None = None, share_cells: bool = True):
-        grid = grid or block_size
-        if grid % block_size:
-            raise ValueError(f"prefill grid {grid} must be a multiple of block size {block_size}")
-        self.block_size, self.grid, self.prefix_caching = block_size, grid, prefix_caching
+    def __init__(self, num_blocks: int, *, block_size: int = 16, num_seq_ids: int = 64,
+                 prefix_caching: bool = True, prefill_chunk: int | None = None,
+                 share_cells: bool = True):
+        prefill_chunk = prefill_chunk or block_size
+        if prefill_chunk % block_size:
+            raise ValueError(f"prefill chunk {prefill_chunk} must be a multiple of block size "
+                             f"{block_size}")
+        self.block_size, self.prefill_chunk = block_size, prefill_chunk
+        self.prefix_caching = prefix_caching
         self.share_cells = share_cells
         self.blocks = [Block(i) for i in range(num_blocks)]
         self.free_list: deque[Block] = deque(self.blocks)          # unreferenced, uncached
-        self.evictable: OrderedDict[int, Block] = OrderedDict()  # unreferenced, cached; LRU first
+        self.evictable: dict[int, Block] = {}   # unreferenced, cached; in release order
+        self.leaves = LeafQueue()               # the evictable ones without cached children
+        self._clock = itertools.count(1)        # Block.last_used
         self.cache: dict[int, Block] = {}                      # chain hash -> block
         self.free_seq_ids = list(range(num_seq_ids))
         self.num_seq_ids = num_seq_ids
         self.owned: dict[int, int] = {}   # seq id -> number of cached blocks it owns
         self.live: set[int] = set()       # seq ids of open sequences
-        self.ops: list[KVOp] = []
+        self._ops: list[KVOp] = []          # for the engine, in order; read through take_ops()
+        self._save_keys = itertools.count()
         self.query_tokens = self.hit_tokens = 0
 
     # ---- accounting -------------------------------------------------------------------------
@@ -67,7 +80,7 @@ class BlockManager:
         return -(-n_tokens // self.block_size)
 
     def take_ops(self) -> list[KVOp]:
-        ops, self.ops = self.ops, []
+        ops, self._ops = self._ops, []
         return ops
 
     def hashes(self, tokens: Sequence[int]) -> list[int]:
@@ -77,7 +90,7 @@ class BlockManager:
     def can_open(self) -> bool:
         return bool(self.free_seq_ids) or bool(self.owned.keys() - self.live)
 
-    def open(self, tokens: Sequence[int], max_reuse: int, reserve_tokens: int,
+    def open(self, tokens: Sequence[int], max_reuse: int, reserve_tokens: int, *,
              hashes: list[int] | None = None, extra_blocks: int = 0) -> SeqAlloc | None:
         """A sequence for `tokens` that reuses up to `max_reuse` cached tokens, if blocks for
         `reserve_tokens` (+ extra_blocks already promised elsewhere) fit and a seq id is free."""
@@ -86,13 +99,10 @@ class BlockManager:
             return None
         hashes = hashes if hashes is not None else self.hashes(tokens)
         hit = self._match(hashes, tokens, 0, max_reuse)
-        hit_evictable = sum(1 for b in hit if b.ref_count == 0)
-        need = self.blocks_for(reserve_tokens) - len(hit) + extra_blocks
-        if need > self.num_free_blocks - hit_evictable:
-            self._release_seq_id(seq_id, had_cells=False)
+        alloc = self._reserve(seq_id, hit, reserve_tokens, extra_blocks)
+        if alloc is None:
             return None
-        alloc = SeqAlloc(seq_id, hashes=list(hashes))
-        self.live.add(seq_id)
+        alloc.hashes = list(hashes)
         self._share(alloc, hit)
         alloc.num_cached = len(hit) * self.block_size
         if self.prefix_caching:
@@ -100,13 +110,40 @@ class BlockManager:
             self.hit_tokens += alloc.num_cached
         return alloc
 
+    def open_for_restore(self, key: int, tokens: Sequence[int], reserve_tokens: int, *,
+                         extra_blocks: int = 0) -> SeqAlloc | None:
+        """A sequence for the state saved under `key` (the KV of `tokens`), on the same terms as
+        open: the state is loaded into its seq id and its full blocks go to the prefix cache."""
+        seq_id = self._acquire_seq_id()
+        if seq_id is None:
+            return None
+        alloc = self._reserve(seq_id, [], reserve_tokens, extra_blocks)
+        if alloc is None:
+            return None
+        self.ensure(alloc, len(tokens))
+        self._ops.append(RestoreOp(key, seq_id))
+        self.commit(alloc, tokens, len(tokens))
+        return alloc
+
+    def _reserve(self, seq_id: int, hit: list[Block], reserve_tokens: int,
+                 extra_blocks: int) -> SeqAlloc | None:
+        """A live sequence on seq_id if blocks for reserve_tokens (less the cached hit, plus
+        extra_blocks) fit; otherwise seq_id goes back to the pool."""
+        hit_evictable = sum(1 for b in hit if b.ref_count == 0)
+        need = self.blocks_for(reserve_tokens) - len(hit) + extra_blocks
+        if need > self.num_free_blocks - hit_evictable:
+            self._release_seq_id(seq_id, had_cells=False)
+            return None
+        self.live.add(seq_id)
+        return SeqAlloc(seq_id)
+
     def extend(self, alloc: SeqAlloc, tokens: Sequence[int], num_computed: int,
                max_reuse: int) -> int:
         """Share cached blocks that continue a sequence computed up to num_computed (blocks
         another sequence computed since this one opened). Returns the number of tokens gained."""
         start = len(alloc.blocks)
         if (not self.prefix_caching or start * self.block_size != num_computed
-                or num_computed % self.grid):
+                or num_computed % self.prefill_chunk):
             return 0
         hit = self._match(alloc.hashes, tokens, start, max_reuse)
         self._share(alloc, hit)
@@ -123,30 +160,36 @@ class BlockManager:
         owned = [b for b in alloc.blocks if b.owner == seq_id and b.hash is not None]
         n_keep = owned[-1].index + 1 if owned else 0
         for block in reversed(alloc.blocks):
-            block.ref_count -= 1
-            if block.ref_count == 0:
-                if block.hash is not None:
-                    self.evictable[block.id] = block
-                else:
-                    block.reset()
-                    self.free_list.append(block)
+            self._unref(block)
         alloc.blocks = []
         if seq_id not in self.owned:
             self._release_seq_id(seq_id)
         elif not self.share_cells and self.free_seq_ids and max(self.free_seq_ids) > seq_id:
             self._move_holder(seq_id, max(self.free_seq_ids), n_keep * self.block_size, owned)
         else:
-            self.ops.append(RemoveOp(seq_id, n_keep * self.block_size))
+            self._ops.append(RemoveOp(seq_id, n_keep * self.block_size))
 
     def _move_holder(self, src: int, dst: int, n_tokens: int, owned: list[Block]) -> None:
         """Hand the cached blocks src owns, and its cells [0, n_tokens), to seq id dst."""
         self.free_seq_ids.remove(dst)
         heapq.heapify(self.free_seq_ids)
-        self.ops.append(CopyOp(src, dst, 0, n_tokens))
+        self._ops.append(CopyOp(src, dst, 0, n_tokens))
         for block in owned:
             block.owner = dst
         self.owned[dst] = self.owned.pop(src)
         self._release_seq_id(src)
+
+    # ---- swapping sequence state to RAM -------------------------------------------------------
+    def save(self, alloc: SeqAlloc) -> int:
+        """Have the engine save the sequence's state to RAM (before the ops that follow, such as
+        free's). Returns the key to open_for_restore or drop_saved it by."""
+        key = next(self._save_keys)
+        self._ops.append(SaveOp(alloc.seq_id, key))
+        return key
+
+    def drop_saved(self, key: int) -> None:
+        """Forget the state saved under key (its sequence ended while swapped out)."""
+        self._ops.append(DropSavedOp(key))
 
     # ---- growing ------------------------------------------------------------------------------
     def ensure(self, alloc: SeqAlloc, n_tokens: int) -> bool:
@@ -163,46 +206,66 @@ class BlockManager:
         return True
 
     def commit(self, alloc: SeqAlloc, tokens: Sequence[int], num_computed: int) -> None:
-        """Register in the prefix cache the blocks that the first num_computed tokens fill.
-        A block the cache already holds (computed twice at once) is swapped for the cached one
-        in a unified cache; with split KV the sequence keeps its own copy (cells cannot be
-        shared across streams) and registers the blocks after it as usual."""
+        """Register in the prefix cache the blocks that the first num_computed tokens fill."""
         if not self.prefix_caching:
             return
-        bs = self.block_size
-        n_full = num_computed // bs
-        if len(alloc.hashes) < n_full:
-            parent = alloc.hashes[-1] if alloc.hashes else NO_PARENT
-            alloc.hashes += block_hashes(tokens[:n_full * bs], bs, parent, len(alloc.hashes) * bs)
+        n_full = num_computed // self.block_size
+        self._hash_up_to(alloc, tokens, n_full)
         for i in range(alloc.num_checked, n_full):
             alloc.num_checked = i
-            block = alloc.blocks[i]
-            if block.hash is not None:
-                continue
-            h, block_tokens = alloc.hashes[i], tuple(tokens[i * bs:(i + 1) * bs])
-            twin = self.cache.get(h)
-            if twin is not None:
-                if twin.tokens != block_tokens:
-                    return  # a hash collision: leave the rest of this sequence uncached
-                if not self.share_cells:
-                    continue
-                self.ops += [RemoveOp(alloc.seq_id, i * bs, (i + 1) * bs),
-                             CopyOp(twin.owner, alloc.seq_id, i * bs, (i + 1) * bs)]
-                self._ref(twin)
-                alloc.blocks[i] = twin
-                block.reset()
-                self.free_list.append(block)
-                continue
-            parent = self.cache.get(alloc.hashes[i - 1]) if i else None
-            if i and parent is None:
-                return  # the chain above was evicted meanwhile: nothing after it can be found
-            block.hash, block.tokens, block.owner, block.index = h, block_tokens, alloc.seq_id, i
-            block.parent = parent
-            if block.parent is not None:
-                block.parent.n_children += 1
-            self.cache[h] = block
-            self.owned[alloc.seq_id] = self.owned.get(alloc.seq_id, 0) + 1
+            if not self._commit_block(alloc, tokens, i):
+                return
         alloc.num_checked = max(alloc.num_checked, n_full)
+
+    def _hash_up_to(self, alloc: SeqAlloc, tokens: Sequence[int], n_full: int) -> None:
+        """Extend alloc.hashes to cover its first n_full blocks."""
+        if len(alloc.hashes) < n_full:
+            bs = self.block_size
+            parent = alloc.hashes[-1] if alloc.hashes else NO_PARENT
+            alloc.hashes += block_hashes(tokens[:n_full * bs], bs, parent, len(alloc.hashes) * bs)
+
+    def _commit_block(self, alloc: SeqAlloc, tokens: Sequence[int], i: int) -> bool:
+        """Register block i of a sequence. False when no block after it can be registered."""
+        if alloc.blocks[i].hash is not None:
+            return True                      # shared from the cache, or registered already
+        block_tokens = tuple(tokens[i * self.block_size:(i + 1) * self.block_size])
+        twin = self.cache.get(alloc.hashes[i])
+        if twin is not None:
+            return self._meet_twin(alloc, i, twin, block_tokens)
+        parent = self.cache.get(alloc.hashes[i - 1]) if i else None
+        if i and parent is None:
+            return False    # the chain above was evicted meanwhile: nothing after it can be found
+        self._register(alloc, i, block_tokens, parent)
+        return True
+
+    def _meet_twin(self, alloc: SeqAlloc, i: int, twin: Block, block_tokens: tuple) -> bool:
+        """Block i was computed twice at once: in a unified cache swap it for the cached twin;
+        with split KV keep the own copy (cells cannot be shared across streams) and go on."""
+        if twin.tokens != block_tokens:
+            return False    # a hash collision: leave the rest of this sequence uncached
+        if self.share_cells:
+            self._swap_for_twin(alloc, i, twin)
+        return True
+
+    def _swap_for_twin(self, alloc: SeqAlloc, i: int, twin: Block) -> None:
+        p0, p1 = i * self.block_size, (i + 1) * self.block_size
+        self._ops += [RemoveOp(alloc.seq_id, p0, p1), CopyOp(twin.owner, alloc.seq_id, p0, p1)]
+        self._ref(twin)
+        block, alloc.blocks[i] = alloc.blocks[i], twin
+        block.reset()
+        self.free_list.append(block)
+
+    def _register(self, alloc: SeqAlloc, i: int, block_tokens: tuple,
+                  parent: Block | None) -> None:
+        """Put block i of a sequence in the cache, owned by its seq id, below parent."""
+        block, h = alloc.blocks[i], alloc.hashes[i]
+        block.hash, block.tokens, block.owner, block.index = h, block_tokens, alloc.seq_id, i
+        block.parent = parent
+        if parent is not None:
+            parent.n_children += 1
+            self.leaves.discard(parent)
+        self.cache[h] = block
+        self.owned[alloc.seq_id] = self.owned.get(alloc.seq_id, 0) + 1
 
     def lookup(self, tokens: Sequence[int]) -> int:
         """How many leading tokens of `tokens` the cache holds (no side effects)."""
@@ -211,7 +274,8 @@ class BlockManager:
     # ---- internals ----------------------------------------------------------------------------
     def _match(self, hashes: list[int], tokens: Sequence[int], start: int,
                max_reuse: int) -> list[Block]:
-        """Cached blocks for hashes[start:], cut so the reuse ends on the grid and <= max_reuse."""
+        """Cached blocks for hashes[start:], cut so the reuse ends on a multiple of prefill_chunk
+        and is <= max_reuse."""
         if not self.prefix_caching:
             return []
         bs, hit = self.block_size, []
@@ -220,7 +284,8 @@ class BlockManager:
             if block is None or block.tokens != tuple(tokens[i * bs:(i + 1) * bs]):
                 break
             hit.append(block)
-        end = min((start + len(hit)) * bs, max_reuse) // self.grid * self.grid
+        chunk = self.prefill_chunk
+        end = min((start + len(hit)) * bs, max_reuse) // chunk * chunk
         return hit[:max(0, end // bs - start)]
 
     def _share(self, alloc: SeqAlloc, hit: list[Block]) -> None:
@@ -230,12 +295,28 @@ class BlockManager:
         for block in hit:
             self._ref(block)
             alloc.blocks.append(block)
-        self.ops.append(CopyOp(hit[-1].owner, alloc.seq_id, p0, len(alloc.blocks) * self.block_size))
+        p1 = len(alloc.blocks) * self.block_size
+        self._ops.append(CopyOp(hit[-1].owner, alloc.seq_id, p0, p1))
 
     def _ref(self, block: Block) -> None:
         if block.ref_count == 0:
             del self.evictable[block.id]
+            self.leaves.discard(block)
         block.ref_count += 1
+
+    def _unref(self, block: Block) -> None:
+        """Drop one reference: a cached block becomes evictable, an uncached one free."""
+        block.ref_count -= 1
+        if block.ref_count:
+            return
+        if block.hash is None:
+            block.reset()
+            self.free_list.append(block)
+            return
+        block.last_used = next(self._clock)
+        self.evictable[block.id] = block
+        if block.n_children == 0:
+            self.leaves.add(block)
 
     def _take_free_block(self) -> Block:
         if not self.free_list:
@@ -244,15 +325,22 @@ class BlockManager:
 
     def _evict_one(self) -> bool:
         """Evict the least recently used cached leaf block. False if nothing is evictable."""
-        leaf = next((b for b in self.evictable.values() if b.n_children == 0), None)
+        leaf = self.leaves.pop_oldest()
         if leaf is None:
             return False
+        self._evict(leaf)
+        return True
+
+    def _evict(self, leaf: Block) -> None:
         del self.evictable[leaf.id]
         del self.cache[leaf.hash]
         owner, bs = leaf.owner, self.block_size
-        self.ops.append(RemoveOp(owner, leaf.index * bs, (leaf.index + 1) * bs))
-        if leaf.parent is not None:
-            leaf.parent.n_children -= 1
+        self._ops.append(RemoveOp(owner, leaf.index * bs, (leaf.index + 1) * bs))
+        parent = leaf.parent
+        if parent is not None:
+            parent.n_children -= 1
+            if parent.n_children == 0 and parent.ref_count == 0:
+                self.leaves.add(parent)
         self.owned[owner] -= 1
         if self.owned[owner] == 0:
             del self.owned[owner]
@@ -260,7 +348,6 @@ class BlockManager:
                 self._release_seq_id(owner)
         leaf.reset()
         self.free_list.append(leaf)
-        return True
 
     def _acquire_seq_id(self) -> int | None:
         while not self.free_seq_ids:
@@ -270,7 +357,7 @@ class BlockManager:
 
     def _release_seq_id(self, seq_id: int, had_cells: bool = True) -> None:
         if had_cells:
-            self.ops.append(RemoveOp(seq_id, 0))
+            self._ops.append(RemoveOp(seq_id, 0))
         heapq.heappush(self.free_seq_ids, seq_id)
 
     # ---- checks (tests and debugging) -----------------------------------------------------------
@@ -283,6 +370,7 @@ class BlockManager:
         assert all(b.ref_count == 0 and b.hash is None for b in self.free_list)
         assert all(b.ref_count == 0 and b.hash is not None for b in self.evictable.values())
         assert all(self.cache[b.hash] is b for b in self.evictable.values())
+        self._check_leaves()
         for h, block in self.cache.items():
             assert block.hash == h and block.owner is not None
             assert block.parent is None or block.parent.hash is not None
@@ -299,3 +387,12 @@ class BlockManager:
         assert len(set(self.free_seq_ids)) == len(self.free_seq_ids)
         assert len(self.free_seq_ids) + len(self.live | set(self.owned)) == self.num_seq_ids
 
+    def _check_leaves(self) -> None:
+        """The leaf queue holds exactly the evictable leaves, and its oldest is the first leaf
+        in release order (what a scan of every evictable block would pick)."""
+        self.leaves.check()
+        leaves = [b for b in self.evictable.values() if b.n_children == 0]
+        assert self.leaves.ids() == {b.id for b in leaves}
+        assert all(a.last_used < b.last_used
+                   for a, b in zip(self.evictable.values(), list(self.evictable.values())[1:]))
+        assert self.leaves.oldest() is (leaves[0] if leaves else None)

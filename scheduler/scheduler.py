@@ -5,17 +5,17 @@ that is generating, then prompt chunks for sequences still prefilling, then admi
 sequences while sequence slots, seq ids, KV blocks and budget last. It thinks in "tokens computed
 so far": a running sequence needs tokens[num_computed:], and a decode is just one pending token.
 
-Prompt chunks follow a fixed grid: a step computes at most one grid cell [kG, (k+1)G) of a
-sequence's tokens (or the tail), so the pieces a prompt is computed in never depend on what else
-runs, and prefix-cache reuse (which ends on the grid) gives bit-identical results.
+Prompt chunks are aligned: with C = the manager's prefill_chunk, a step computes at most one chunk
+[kC, (k+1)C) of a sequence's tokens (or the tail), so the pieces a prompt is computed in never
+depend on what else runs, and prefix-cache reuse (which ends on a multiple of C) gives
+bit-identical results.
 """
 from __future__ import annotations
 
-import itertools
 import time
 from dataclasses import dataclass, field
 
-from kvcache import BlockManager, DropSavedOp, KVOp, RestoreOp, SaveOp
+from kvcache import BlockManager, KVOp
 from scheduler.policy import Policy
 from scheduler.sequence import FinishReason, Sequence, Status
 
@@ -43,11 +43,11 @@ class StepPlan:
 
 
 class Scheduler:
-    def __init__(self, manager: BlockManager, policy: Policy, max_seqs: int = 16,
+    def __init__(self, manager: BlockManager, policy: Policy, *, max_seqs: int = 16,
                  max_batch_tokens: int = 256, preemption: str = "swap"):
-        if max_batch_tokens < max_seqs + manager.grid:
+        if max_batch_tokens < max_seqs + manager.prefill_chunk:
             raise ValueError(f"max_batch_tokens ({max_batch_tokens}) must be at least max_seqs "
-                             f"({max_seqs}) + prefill chunk ({manager.grid})")
+                             f"({max_seqs}) + prefill chunk ({manager.prefill_chunk})")
         if preemption not in ("swap", "recompute"):
             raise ValueError("preemption must be 'swap' or 'recompute'")
         self.manager, self.policy = manager, policy
@@ -57,7 +57,6 @@ class Scheduler:
         self.inflight: dict[int, Sequence] = {}   # block hash -> sequence computing it now
         self.expired: list[Sequence] = []         # ended by their deadline, to be reported
         self.num_preemptions = 0
-        self._save_keys = itertools.count()
 
     # ---- queue ----------------------------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
@@ -74,7 +73,7 @@ class Scheduler:
         if seq in self.waiting:
             self.waiting.remove(seq)
             if seq.saved_key is not None:
-                self.manager.ops.append(DropSavedOp(seq.saved_key))
+                self.manager.drop_saved(seq.saved_key)
                 seq.saved_key = None
         self.finish(seq, reason)
 
@@ -126,8 +125,8 @@ class Scheduler:
             seq.num_computed += gained
             seq.num_cached_tokens += gained
         start = seq.num_computed
-        grid = self.manager.grid
-        end = min((start // grid + 1) * grid, len(seq.tokens))
+        chunk = self.manager.prefill_chunk
+        end = min((start // chunk + 1) * chunk, len(seq.tokens))
         if end - start > budget:
             return False
         claims = self._claims(seq, start, end)
@@ -186,19 +185,16 @@ class Scheduler:
         promised = sum(self.manager.blocks_for(len(s.tokens) + 1) - len(s.alloc.blocks)
                        for s in self.running)
         if seq.saved_key is not None:
-            alloc = self.manager.open([], 0, seq.num_computed + 1, extra_blocks=promised)
+            alloc = self.manager.open_for_restore(seq.saved_key, seq.tokens[:seq.num_computed],
+                                                  seq.num_computed + 1, extra_blocks=promised)
             if alloc is None:
                 return False
-            self.manager.ensure(alloc, seq.num_computed)
-            self.manager.ops.append(RestoreOp(seq.saved_key, alloc.seq_id))
-            seq.saved_key = None
-            seq.alloc = alloc
-            self.manager.commit(alloc, seq.tokens, seq.num_computed)
+            seq.saved_key, seq.alloc = None, alloc
             return True
         if seq.hashes is None:
             seq.hashes = self.manager.hashes(seq.tokens)
         alloc = self.manager.open(seq.tokens, len(seq.tokens) - 1, len(seq.tokens) + 1,
-                                  seq.hashes, extra_blocks=promised)
+                                  hashes=seq.hashes, extra_blocks=promised)
         if alloc is None:
             return False
         seq.alloc, seq.num_computed = alloc, alloc.num_cached
@@ -212,8 +208,7 @@ class Scheduler:
             self._release_claims(chunk.claims, seq)
         self.running.remove(seq)
         if self.preemption == "swap" and seq.num_computed > 0:
-            seq.saved_key = next(self._save_keys)
-            self.manager.ops.append(SaveOp(seq.seq_id, seq.saved_key))
+            seq.saved_key = self.manager.save(seq.alloc)
         else:
             seq.num_computed, seq.hashes = 0, None
         self.manager.free(seq.alloc)

@@ -8,8 +8,9 @@ from tests.fakes import FakeKV
 BS = 4
 
 
-def make(num_blocks=16, seq_ids=8, caching=True, grid=BS, share_cells=True):
-    return (BlockManager(num_blocks, BS, seq_ids, caching, grid, share_cells),
+def make(num_blocks=16, seq_ids=8, caching=True, prefill_chunk=BS, share_cells=True):
+    return (BlockManager(num_blocks, block_size=BS, num_seq_ids=seq_ids, prefix_caching=caching,
+                         prefill_chunk=prefill_chunk, share_cells=share_cells),
             FakeKV(num_blocks * BS))
 
 
@@ -48,8 +49,8 @@ def test_last_prompt_token_is_always_recomputed():
     assert b.num_cached == 4
 
 
-def test_reuse_stops_on_the_prefill_grid():
-    manager, kv = make(grid=2 * BS)
+def test_reuse_stops_on_a_prefill_chunk_boundary():
+    manager, kv = make(prefill_chunk=2 * BS)
     tokens = list(range(14))
     a = manager.open(tokens, 13, 15)
     compute(manager, kv, a, tokens, 0, 14)
@@ -97,6 +98,46 @@ def test_eviction_takes_tail_blocks_first_and_releases_the_holder():
     manager.check_invariants()
 
 
+def test_a_parent_becomes_evictable_in_lru_order_after_its_last_child():
+    """P (head) is released after x and before z, its child before both: once the child is
+    evicted, P goes after x and before z."""
+    manager, kv = make()
+    head, x_tokens, z_tokens = [1, 2, 3, 4], list(range(100, 105)), list(range(200, 205))
+    a_tokens, b_tokens = head + [5, 6], head + [7, 8, 9, 10, 11]
+    a = manager.open(a_tokens, 5, 7)
+    compute(manager, kv, a, a_tokens, 0, 6)          # caches P (A's tail stays partial)
+    b = manager.open(b_tokens, 8, 10)
+    compute(manager, kv, b, b_tokens, 4, 9)          # caches P's child
+    x, z = manager.open(x_tokens, 4, 6), manager.open(z_tokens, 4, 6)
+    compute(manager, kv, x, x_tokens, 0, 5)
+    compute(manager, kv, z, z_tokens, 0, 5)
+    for alloc in (b, x, a, z):                       # releases: P's child, x, P, z
+        manager.free(alloc)
+    kv.apply(manager.take_ops())
+    manager._evict_one()
+    assert manager.lookup(b_tokens) == 4 and manager.lookup(x_tokens) == 4
+    manager._evict_one()
+    assert manager.lookup(x_tokens) == 0 and manager.lookup(a_tokens) == 4
+    manager._evict_one()
+    assert manager.lookup(a_tokens) == 0 and manager.lookup(z_tokens) == 4
+    manager.check_invariants()
+
+
+def test_a_chain_released_together_is_evicted_tail_to_head_before_newer_leaves():
+    manager, kv = make()
+    a_tokens, y_tokens = list(range(9)), list(range(100, 105))
+    a = manager.open(a_tokens, 8, 10)
+    compute(manager, kv, a, a_tokens, 0, 9)
+    y = manager.open(y_tokens, 4, 6)
+    compute(manager, kv, y, y_tokens, 0, 5)
+    manager.free(a)
+    manager.free(y)
+    manager._evict_one()
+    manager._evict_one()
+    assert manager.lookup(a_tokens) == 0 and manager.lookup(y_tokens) == 4
+    manager.check_invariants()
+
+
 def test_caching_off_frees_everything():
     manager, kv = make(caching=False)
     tokens = list(range(10))
@@ -125,6 +166,36 @@ def test_open_fails_without_blocks_and_leaves_no_trace():
     assert manager.open(list(range(20)), 19, 21) is None
     assert manager.num_free_blocks == 2 and len(manager.free_seq_ids) == 8
     assert manager.take_ops() == []
+
+
+def test_a_saved_state_comes_back_in_a_new_sequence():
+    manager, kv = make()
+    tokens = list(range(6))
+    a = manager.open(tokens, 5, 7)
+    compute(manager, kv, a, tokens, 0, 6)
+    key = manager.save(a)
+    manager.free(a)
+    kv.apply(manager.take_ops())
+    b = manager.open_for_restore(key, tokens, 7)
+    kv.apply(manager.take_ops())
+    assert kv.read(b.seq_id) == [tuple(tokens[:p + 1]) for p in range(6)] and kv.saved == {}
+
+
+def test_a_dropped_saved_state_is_forgotten():
+    manager, kv = make()
+    a = manager.open(list(range(6)), 5, 7)
+    compute(manager, kv, a, list(range(6)), 0, 6)
+    key = manager.save(a)
+    manager.free(a)
+    manager.drop_saved(key)
+    kv.apply(manager.take_ops())
+    assert kv.saved == {}
+
+
+def test_each_saved_state_gets_its_own_key():
+    manager, kv = make()
+    a, b = manager.open([1, 2], 1, 3), manager.open([3, 4], 1, 3)
+    assert manager.save(a) != manager.save(b)
 
 
 class ManagerMachine(RuleBasedStateMachine):
@@ -211,13 +282,13 @@ TestSplitKVManagerMachine.settings = TestManagerMachine.settings
 
 
 def test_split_kv_twin_block_does_not_stop_caching_the_rest():
-    manager, kv = make(share_cells=False, grid=4 * BS)
+    manager, kv = make(share_cells=False, prefill_chunk=4 * BS)
     head = [1, 2, 3, 4]
     a_tokens, b_tokens = head + list(range(100, 120)), head + list(range(200, 220))
     a = manager.open(a_tokens, len(a_tokens) - 1, len(a_tokens) + 1)
     compute(manager, kv, a, a_tokens, 0, len(a_tokens))
     b = manager.open(b_tokens, len(b_tokens) - 1, len(b_tokens) + 1)
-    assert b.num_cached == 0          # one shared block is below the grid: computed again
+    assert b.num_cached == 0          # one shared block is below the prefill chunk: computed again
     compute(manager, kv, b, b_tokens, 0, len(b_tokens))
     manager.free(b)
     kv.apply(manager.take_ops())

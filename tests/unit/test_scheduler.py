@@ -8,10 +8,12 @@ from tests.fakes import FakeKV
 BS = 4
 
 
-def make(policy="fifo", max_seqs=4, budget=24, blocks=64, grid=BS, preemption="swap",
+def make(policy="fifo", max_seqs=4, budget=24, blocks=64, prefill_chunk=BS, preemption="swap",
          seq_ids=8, caching=True):
-    manager = BlockManager(blocks, BS, seq_ids, caching, grid)
-    return Scheduler(manager, make_policy(policy), max_seqs, budget, preemption), FakeKV(blocks * BS)
+    manager = BlockManager(blocks, block_size=BS, num_seq_ids=seq_ids, prefix_caching=caching,
+                           prefill_chunk=prefill_chunk)
+    return (Scheduler(manager, make_policy(policy), max_seqs=max_seqs, max_batch_tokens=budget,
+                      preemption=preemption), FakeKV(blocks * BS))
 
 
 def step(sched, kv, next_token=lambda seq: 1000 + seq.num_output, now=None):
@@ -77,7 +79,7 @@ def test_unknown_policy_is_rejected():
 
 
 def test_decodes_are_planned_before_prompt_chunks():
-    sched, kv = make(max_seqs=2, budget=2 + BS, grid=BS)
+    sched, kv = make(max_seqs=2, budget=2 + BS, prefill_chunk=BS)
     a = seq(2, max_tokens=10)
     sched.add(a)
     step(sched, kv)                       # a prefilled, now decoding
@@ -87,8 +89,8 @@ def test_decodes_are_planned_before_prompt_chunks():
     assert [(c.seq, c.end - c.start) for c in plan.chunks] == [(a, 1), (b, 4)]
 
 
-def test_prompt_chunks_follow_the_grid_and_respect_the_budget():
-    sched, kv = make(max_seqs=1, budget=2 * BS + 1, grid=2 * BS)
+def test_prompt_chunks_are_aligned_and_respect_the_budget():
+    sched, kv = make(max_seqs=1, budget=2 * BS + 1, prefill_chunk=2 * BS)
     s = seq(19)
     sched.add(s)
     spans = []
@@ -100,11 +102,11 @@ def test_prompt_chunks_follow_the_grid_and_respect_the_budget():
 
 def test_budget_too_small_for_decodes_plus_a_chunk_is_rejected():
     with pytest.raises(ValueError):
-        make(max_seqs=8, budget=8, grid=BS)
+        make(max_seqs=8, budget=8, prefill_chunk=BS)
 
 
 def test_running_decodes_are_never_starved_by_a_long_prompt():
-    sched, kv = make(max_seqs=4, budget=4 + BS, grid=BS)
+    sched, kv = make(max_seqs=4, budget=4 + BS, prefill_chunk=BS)
     streams = [seq(2, max_tokens=50, base=100 * i) for i in range(3)]
     for s in streams:
         sched.add(s)
@@ -242,7 +244,7 @@ def test_prefix_hit_skips_the_cached_blocks():
 
 
 def test_inflight_prefix_is_computed_once_and_shared():
-    sched, kv = make(max_seqs=2, budget=2 + BS, grid=BS)
+    sched, kv = make(max_seqs=2, budget=2 + BS, prefill_chunk=BS)
     a, b = seq(17, max_tokens=1), seq(17, max_tokens=1)
     sched.add(a)
     sched.add(b)
