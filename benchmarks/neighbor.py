@@ -17,6 +17,9 @@ With --quota (as root, cgroup v2 or v1 cpu controller) each server also runs alo
 quota of --quota cores, in a cgroup of its own; kept = quota / alone.
 
 Our server logs each thread change; their count and our final thread count are printed.
+The machine is measured too: for each phase, the cores everything else used (all busy time
+minus the server, this benchmark client and the neighbour), so a run disturbed by some other
+process shows it ("background" in the results).
 """
 from __future__ import annotations
 
@@ -32,6 +35,7 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import httpx
+import psutil
 
 from benchmarks import datasets as ds
 from benchmarks.client import RequestOutput, first_model, make_client, payload, send
@@ -116,17 +120,66 @@ def recovery_time(bins: list[int], t_stop: float, target: float, width: int = 2)
     return None
 
 
+# ---- who used the CPU ----------------------------------------------------------------------------
+def server_process(base: str) -> psutil.Process | None:
+    port = int(base.rsplit(":", 1)[1])
+    for conn in psutil.net_connections(kind="tcp"):
+        if conn.laddr and conn.laddr.port == port and conn.status == psutil.CONN_LISTEN and conn.pid:
+            return psutil.Process(conn.pid)
+    return None
+
+
+def cpu_seconds(proc: psutil.Process | None) -> float:
+    try:
+        t = proc.cpu_times() if proc else None
+    except psutil.Error:
+        return 0.0
+    return t.user + t.system if t else 0.0
+
+
+class CpuLedger:
+    """Cumulative CPU seconds of the machine, the server, this client and the neighbour."""
+
+    def __init__(self, server: psutil.Process | None):
+        self.server, self.me = server, psutil.Process()
+        self.neighbour: float = 0.0          # CPU seconds of neighbours that have ended
+        self.marks: list[tuple[float, dict]] = []
+
+    def mark(self, neighbour: psutil.Process | None = None) -> None:
+        busy = psutil.cpu_times()
+        self.marks.append((time.perf_counter(), {
+            "machine": busy.user + busy.nice + busy.system + busy.irq + busy.softirq
+                       + getattr(busy, "steal", 0.0),
+            "server": cpu_seconds(self.server), "client": cpu_seconds(self.me),
+            "neighbour": self.neighbour + cpu_seconds(neighbour)}))
+
+    def phases(self) -> list[dict]:
+        out = []
+        for (t0, a), (t1, b) in zip(self.marks, self.marks[1:]):
+            cores = {k: (b[k] - a[k]) / (t1 - t0) for k in a}
+            cores["background"] = max(0.0, cores["machine"] - cores["server"] - cores["client"]
+                                      - cores["neighbour"])
+            out.append({k: round(v, 2) for k, v in cores.items()})
+        return out
+
+
 # ---- the neighbour and the quota ---------------------------------------------------------------------
 class Neighbour:
     def __init__(self):
         self.proc: subprocess.Popen | None = None
 
+    @property
+    def ps(self) -> psutil.Process | None:
+        return psutil.Process(self.proc.pid) if self.proc else None
+
     def start(self) -> None:
         if self.proc is None:
             self.proc = subprocess.Popen(NEIGHBOUR)
 
-    def stop(self) -> None:
+    def stop(self, ledger: "CpuLedger | None" = None) -> None:
         if self.proc is not None:
+            if ledger is not None:
+                ledger.neighbour += cpu_seconds(self.ps)
             self.proc.kill()
             self.proc.wait()
             self.proc = None
@@ -195,17 +248,23 @@ async def neighbour_run(base: str, args) -> dict:
     await warmup(base, "/v1/chat/completions", model, args.concurrency, args.seed)
     T, neighbour, marks = args.phase_seconds, Neighbour(), {}
     phases = {"neighbour_on": None, "neighbour_off": None}
+    ledger = CpuLedger(server_process(base))
 
     def on_time(elapsed: float) -> None:
+        if not ledger.marks:
+            ledger.mark()
         if phases["neighbour_on"] is None and elapsed >= T:
+            ledger.mark()
             neighbour.start()
             phases["neighbour_on"] = elapsed
         elif phases["neighbour_off"] is None and elapsed >= 2 * T:
-            neighbour.stop()
+            ledger.mark(neighbour.ps)
+            neighbour.stop(ledger)
             phases["neighbour_off"] = elapsed
 
     try:
         outs = await steady_load(base, model, cal, args, 3 * T, marks, on_time)
+        ledger.mark()
     finally:
         neighbour.stop()
     bins = token_bins(outs, marks["start"], 3 * T)
@@ -218,6 +277,7 @@ async def neighbour_run(base: str, args) -> dict:
             "recovery_s": recovery_time(bins, off, 0.95 * alone),
             "errors": sum(1 for o in outs if not o.ok and o.error != "cancelled"),
             "bins": bins, "neighbour_on_s": on, "neighbour_off_s": off,
+            "cpu_cores_by_phase": ledger.phases(),
             **our_thread_figures(base)}
 
 
@@ -275,6 +335,11 @@ def summary_line(name: str, r: dict) -> str:
         line += f"; quota {r['quota_tok_s']:.1f} ({100 * (r['quota_kept'] or 0):.0f}% kept)"
     if "thread_changes" in r:
         line += f"; thread changes {r['thread_changes']}"
+    cpu = r.get("cpu_cores_by_phase") or []
+    if cpu:
+        line += "\n  cores used (alone / neighbour / after): " + " / ".join(
+            f"server {c['server']}, client {c['client']}, neighbour {c['neighbour']}, "
+            f"background {c['background']}" for c in cpu)
     return line
 
 
