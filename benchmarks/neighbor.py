@@ -27,7 +27,6 @@ import argparse
 import asyncio
 import os
 import random
-import statistics
 import subprocess
 import sys
 import time

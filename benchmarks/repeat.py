@@ -18,19 +18,15 @@ import time
 import httpx
 
 from benchmarks import datasets as ds
-from benchmarks.client import (NotLoopback, check_loopback, first_model, make_client, payload,
-                               send)
+from benchmarks.client import NotLoopback, add_target_args, make_client, payload, send
 from benchmarks.metrics import write_result
-from benchmarks.serve import calibrate, is_chat, request_input, warmup
+from benchmarks.serve import is_chat, prepare, request_input
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m benchmarks.repeat", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--base-url", default="http://127.0.0.1:8000")
-    p.add_argument("--endpoint", default="/v1/completions",
-                   choices=["/v1/completions", "/v1/chat/completions"])
-    p.add_argument("--model", default=None, help="default: the first id in /v1/models")
+    add_target_args(p)
     p.add_argument("--num-prompts", type=int, default=10)
     p.add_argument("--input-len", type=int, default=300)
     p.add_argument("--output-len", type=int, default=64)
@@ -118,11 +114,7 @@ def summary(r: dict) -> str:
 
 
 async def run(args: argparse.Namespace) -> dict:
-    base = check_loopback(args.base_url)
-    model = args.model or first_model(base)
-    await warmup(base, args.endpoint, model, args.warmup, args.seed)
-    cal = (await calibrate(base, args.endpoint, model, args.seed) if args.calibrate == "probe"
-           else ds.Calibration())
+    base, model, cal = await prepare(args)
     r = await scenario(base, args.endpoint, model, cal, num_prompts=args.num_prompts,
                        input_len=args.input_len, output_len=args.output_len,
                        ignore_eos=args.ignore_eos, seed=args.seed,

@@ -23,7 +23,7 @@ import httpx
 from tqdm import tqdm
 
 from benchmarks import datasets as ds
-from benchmarks.client import (NotLoopback, RequestOutput, check_loopback, complete,
+from benchmarks.client import (NotLoopback, RequestOutput, add_target_args, check_loopback, complete,
                                first_model, make_client, payload, send)
 from benchmarks.metrics import summarize, table, write_result
 
@@ -129,6 +129,17 @@ async def run_workload(base_url: str, endpoint: str, model: str,
     return report, outputs
 
 
+async def prepare(args: argparse.Namespace) -> tuple[str, str, ds.Calibration]:
+    """The checked base URL, the model, warm-up requests, and the calibration --calibrate asks
+    for: what every client-side benchmark does first."""
+    base = check_loopback(args.base_url)
+    model = args.model or first_model(base)
+    await warmup(base, args.endpoint, model, args.warmup, args.seed)
+    cal = (await calibrate(base, args.endpoint, model, args.seed) if args.calibrate == "probe"
+           else ds.Calibration())
+    return base, model, cal
+
+
 async def warmup(base_url: str, endpoint: str, model: str, n: int, seed: int) -> None:
     if n <= 0:
         return
@@ -142,10 +153,7 @@ async def warmup(base_url: str, endpoint: str, model: str, n: int, seed: int) ->
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m benchmarks.serve", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--base-url", default="http://127.0.0.1:8000")
-    p.add_argument("--endpoint", default="/v1/completions",
-                   choices=["/v1/completions", "/v1/chat/completions"])
-    p.add_argument("--model", default=None, help="default: the first id in /v1/models")
+    add_target_args(p)
     p.add_argument("--dataset", default="random", choices=["random", "shared-prefix", "chat"])
     p.add_argument("--num-prompts", type=int, default=64, help="requests (chat: all turns)")
     p.add_argument("--max-concurrency", type=int, default=16)
@@ -189,11 +197,7 @@ def concurrency_list(text: str) -> list[int]:
 
 
 async def run(args: argparse.Namespace) -> dict:
-    base = check_loopback(args.base_url)
-    model = args.model or first_model(base)
-    await warmup(base, args.endpoint, model, args.warmup, args.seed)
-    cal = (await calibrate(base, args.endpoint, model, args.seed) if args.calibrate == "probe"
-           else ds.Calibration())
+    base, model, cal = await prepare(args)
     sweep = (concurrency_list(args.sweep_concurrency) if args.sweep_concurrency
              else [args.max_concurrency])
     runs = []
