@@ -1,7 +1,8 @@
-"""OpenAI-compatible routes: /v1/chat/completions, /v1/completions, /v1/models."""
+"""OpenAI-compatible routes: /v1/chat/completions, /v1/completions, /v1/models. A route turns its
+body into a prompt and an OpenAIFormat; `_respond` runs it (service.generate) and shapes the
+answer (server/openai_format.py)."""
 from __future__ import annotations
 
-import json
 import time
 import uuid
 from typing import AsyncIterator
@@ -9,29 +10,16 @@ from typing import AsyncIterator
 from fastapi import APIRouter, Request as HTTPRequest
 from sse_starlette.sse import EventSourceResponse
 
-from engine import Request, Worker
-from scheduler import FinishReason
 from server.errors import APIError, error_body
+from server.openai_format import Kind, OpenAIFormat, sse
 from server.schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
-from server.service import LoadedModel, Service
+from server.service import Generation, LoadedModel, Service
 
 router = APIRouter(prefix="/v1")
 
 
 def service(http: HTTPRequest) -> Service:
     return http.app.state.service
-
-
-def _openai_finish(reason: FinishReason | None) -> str | None:
-    if reason is FinishReason.TIMEOUT:   # a deadline ends a request like max_tokens does
-        return FinishReason.LENGTH.value
-    return reason.value if reason else None
-
-
-def _usage(req: Request) -> dict:
-    return {"prompt_tokens": len(req.prompt), "completion_tokens": req.num_output,
-            "total_tokens": len(req.prompt) + req.num_output,
-            "prompt_tokens_details": {"cached_tokens": req.num_cached}}
 
 
 @router.get("/models")
@@ -53,7 +41,8 @@ async def chat_completions(body: ChatCompletionRequest, http: HTTPRequest):
         raise APIError(400, str(exc), "invalid_content", "messages") from exc
     prompt = await svc.chat_prompt(lm, messages)
     max_tokens = body.max_completion_tokens or body.max_tokens
-    return await _respond(svc, lm, body, prompt, max_tokens, http, chat=True)
+    gen = svc.generate(lm, prompt, body, max_tokens, http)
+    return await _respond(svc, gen, _format("chat", lm, body))
 
 
 @router.post("/completions")
@@ -73,66 +62,35 @@ async def completions(body: CompletionRequest, http: HTTPRequest):
     else:
         prompt = list(prompt_in)
     echo = prompt_in if body.echo and isinstance(prompt_in, str) else ""
-    return await _respond(svc, lm, body, prompt, body.max_tokens or 16, http, chat=False,
-                          echo=echo)
+    gen = svc.generate(lm, prompt, body, body.max_tokens or 16, http)
+    return await _respond(svc, gen, _format("completion", lm, body, echo))
 
 
-async def _respond(svc: Service, lm: LoadedModel, body: SamplingFields, prompt: list[int],
-                   max_tokens: int | None, http: HTTPRequest, chat: bool, echo: str = ""):
-    worker, req = svc.submit(lm, prompt, body, max_tokens)
-    rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
-    created = int(time.time())
-    if body.stream:
-        include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        chunks = _stream(svc, worker, req, http, lm.name, rid, created, chat, include_usage, echo)
-        return EventSourceResponse(chunks, ping=15, sep="\n")
-    parts, finish = [echo], None
-    async for event in svc.events(worker, req, http, poll_disconnect=True):
+def _format(kind: Kind, lm: LoadedModel, body: SamplingFields, echo: str = "") -> OpenAIFormat:
+    prefix = "chatcmpl-" if kind == "chat" else "cmpl-"
+    include_usage = bool(body.stream and body.stream_options and body.stream_options.include_usage)
+    return OpenAIFormat(kind, lm.name, prefix + uuid.uuid4().hex[:24], int(time.time()),
+                        body.stream, include_usage, echo)
+
+
+async def _respond(svc: Service, gen: Generation, fmt: OpenAIFormat):
+    if fmt.stream:
+        return EventSourceResponse(_stream(svc, gen, fmt), ping=15, sep="\n")
+    text, finish = await svc.collect(gen)
+    return fmt.response(text, finish, gen.req)
+
+
+async def _stream(svc: Service, gen: Generation, fmt: OpenAIFormat) -> AsyncIterator[dict]:
+    for chunk in fmt.opening_chunks():
+        yield chunk
+    async for event in svc.events(gen.worker, gen.req, gen.http):
         if event.error:
-            raise APIError(500, event.error, "engine_error")
-        parts.append(event.text)
-        finish = event.finish_reason
-    if finish is None:   # client went away
-        raise APIError(499, "client disconnected", "client_disconnected")
-    text = "".join(parts)
-    choice = ({"index": 0, "message": {"role": "assistant", "content": text}} if chat
-              else {"index": 0, "text": text})
-    choice.update(logprobs=None, finish_reason=_openai_finish(finish))
-    return {"id": rid, "object": "chat.completion" if chat else "text_completion",
-            "created": created, "model": lm.name, "choices": [choice], "usage": _usage(req)}
-
-
-async def _stream(svc: Service, worker: Worker, req: Request, http: HTTPRequest, model: str,
-                  rid: str, created: int, chat: bool, include_usage: bool,
-                  echo: str) -> AsyncIterator[dict]:
-    obj = "chat.completion.chunk" if chat else "text_completion"
-
-    def chunk(text: str | None, finish: str | None, first: bool = False) -> dict:
-        if chat:
-            delta = {"role": "assistant", "content": ""} if first else (
-                {"content": text} if text else {})
-            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
-        else:
-            choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
-        payload = {"id": rid, "object": obj, "created": created, "model": model,
-                   "choices": [choice]}
-        if include_usage:
-            payload["usage"] = None
-        return {"data": json.dumps(payload, ensure_ascii=False)}
-
-    if chat:
-        yield chunk(None, None, first=True)
-    elif echo:
-        yield chunk(echo, None)
-    async for event in svc.events(worker, req, http):
-        if event.error:
-            yield {"data": json.dumps(error_body(500, event.error, "engine_error"))}
+            yield sse(error_body(500, event.error, "engine_error"))
             return
         if event.text:
-            yield chunk(event.text, None)
+            yield fmt.text_chunk(event.text)
         if event.finish_reason:
-            yield chunk(None, _openai_finish(event.finish_reason))
-    if include_usage:
-        yield {"data": json.dumps({"id": rid, "object": obj, "created": created, "model": model,
-                                   "choices": [], "usage": _usage(req)})}
-    yield {"data": "[DONE]"}
+            yield fmt.finish_chunk(event.finish_reason)
+    if fmt.include_usage:
+        yield fmt.usage_chunk(gen.req)
+    yield sse("[DONE]")

@@ -12,6 +12,7 @@ from fastapi import Request as HTTPRequest
 from engine import (ChatTemplate, ChatTemplateError, Event, Model, Observer, QueueFull, Request,
                     SamplingParams, Worker)
 from engine.gguf_info import gguf_facts
+from scheduler import FinishReason
 from scheduler.router import pick_replica
 from server.config import ModelSpec, Settings
 from server.errors import APIError
@@ -36,6 +37,17 @@ class LoadedModel:
     @property
     def max_seq_len(self) -> int:
         return min(w.max_seq_len for w in self.workers)
+
+
+@dataclass
+class Generation:
+    """One request on its way through the engine: the model, the context (worker) it runs on,
+    the engine request, and the HTTP request it answers (for disconnects and the log line).
+    `Service.generate` makes one; `Service.events(gen)` yields its engine events."""
+    lm: LoadedModel
+    worker: Worker
+    req: Request
+    http: HTTPRequest
 
 
 class Service:
@@ -99,6 +111,25 @@ class Service:
         return await asyncio.to_thread(lm.model.tokenize, text, True)
 
     # ---- one request --------------------------------------------------------------------------
+    def generate(self, lm: LoadedModel, prompt: list[int], body: SamplingFields,
+                 max_tokens: int | None, http: HTTPRequest) -> Generation:
+        """Validate and submit one request; the stable entry point for every API surface."""
+        worker, req = self.submit(lm, prompt, body, max_tokens)
+        return Generation(lm, worker, req, http)
+
+    async def collect(self, gen: Generation) -> tuple[str, FinishReason]:
+        """Run a request to its end, not streamed: its whole text and finish reason. Raises
+        APIError 500 on an engine error and 499 if the client went away."""
+        parts, finish = [], None
+        async for event in self.events(gen.worker, gen.req, gen.http, poll_disconnect=True):
+            if event.error:
+                raise APIError(500, event.error, "engine_error")
+            parts.append(event.text)
+            finish = event.finish_reason
+        if finish is None:   # client went away
+            raise APIError(499, "client disconnected", "client_disconnected")
+        return "".join(parts), finish
+
     def submit(self, lm: LoadedModel, prompt: list[int], body: SamplingFields,
                max_tokens: int | None) -> tuple[Worker, Request]:
         if not prompt:

@@ -1,0 +1,89 @@
+"""OpenAI response shaping: one place that turns engine events into chat/completion bodies and
+SSE chunks (choices, deltas, finish reasons, usage). A new response field touches only this file."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Literal
+
+from engine import Request
+from scheduler import FinishReason
+
+Kind = Literal["chat", "completion"]
+
+
+def openai_finish(reason: FinishReason | None) -> str | None:
+    if reason is FinishReason.TIMEOUT:   # a deadline ends a request like max_tokens does
+        return FinishReason.LENGTH.value
+    return reason.value if reason else None
+
+
+def usage(req: Request) -> dict:
+    return {"prompt_tokens": len(req.prompt), "completion_tokens": req.num_output,
+            "total_tokens": len(req.prompt) + req.num_output,
+            "prompt_tokens_details": {"cached_tokens": req.num_cached}}
+
+
+def sse(payload: dict | str) -> dict:
+    return {"data": payload if isinstance(payload, str) else json.dumps(payload, ensure_ascii=False)}
+
+
+@dataclass
+class OpenAIFormat:
+    """How one request's answer is shaped: its id, kind, model name and stream options."""
+    kind: Kind
+    model: str
+    id: str
+    created: int
+    stream: bool = False
+    include_usage: bool = False
+    echo: str = ""                     # completions: the prompt text to put before the answer
+
+    @property
+    def chat(self) -> bool:
+        return self.kind == "chat"
+
+    @property
+    def object(self) -> str:
+        return "chat.completion" if self.chat else "text_completion"
+
+    @property
+    def chunk_object(self) -> str:
+        return "chat.completion.chunk" if self.chat else "text_completion"
+
+    # ---- a whole response ---------------------------------------------------------------------
+    def response(self, text: str, finish: FinishReason, req: Request) -> dict:
+        text = self.echo + text
+        if not self.chat:
+            choice = {"index": 0, "text": text, "finish_reason": openai_finish(finish)}
+        else:
+            message = {"role": "assistant", "content": text}
+            choice = {"index": 0, "message": message, "finish_reason": openai_finish(finish)}
+        choice["logprobs"] = None
+        return {"id": self.id, "object": self.object, "created": self.created,
+                "model": self.model, "choices": [choice], "usage": usage(req)}
+
+    # ---- a stream -----------------------------------------------------------------------------
+    def opening_chunks(self) -> list[dict]:
+        if self.chat:
+            return [self._chunk({"role": "assistant", "content": ""}, None)]
+        return [self._chunk(self.echo, None)] if self.echo else []
+
+    def text_chunk(self, text: str) -> dict:
+        return self._chunk({"content": text} if self.chat else text, None)
+
+    def finish_chunk(self, finish: FinishReason) -> dict:
+        return self._chunk({} if self.chat else "", openai_finish(finish))
+
+    def usage_chunk(self, req: Request) -> dict:
+        return sse({"id": self.id, "object": self.chunk_object, "created": self.created,
+                    "model": self.model, "choices": [], "usage": usage(req)})
+
+    def _chunk(self, delta: dict | str, finish: str | None) -> dict:
+        choice = ({"index": 0, "delta": delta} if self.chat else {"index": 0, "text": delta})
+        choice.update(logprobs=None, finish_reason=finish)
+        payload = {"id": self.id, "object": self.chunk_object, "created": self.created,
+                   "model": self.model, "choices": [choice]}
+        if self.include_usage:
+            payload["usage"] = None
+        return sse(payload)
