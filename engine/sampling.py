@@ -1,11 +1,15 @@
-"""Per-sequence sampling with llama.cpp sampler chains (greedy without penalties: numpy argmax)."""
+"""Per-sequence sampling with llama.cpp sampler chains (greedy without penalties: numpy argmax);
+a grammar, when given, masks the logits before either (engine/grammar.py)."""
 from __future__ import annotations
 
+import ctypes
 import random
 from dataclasses import dataclass, field
 
 import llama_cpp as C
+import numpy as np
 
+from engine.grammar import Grammar
 from engine.llama import Context
 
 
@@ -23,6 +27,8 @@ class SamplingParams:
     penalty_last_n: int = 64
     stop: list[str] = field(default_factory=list)
     ignore_eos: bool = False
+    grammar: str | None = None        # GBNF: every token must keep the output in this language
+    logit_bias: dict[int, float] = field(default_factory=dict)   # added to the logits first
 
     @property
     def has_penalties(self) -> bool:
@@ -31,9 +37,14 @@ class SamplingParams:
 
 
 class Sampler:
-    def __init__(self, params: SamplingParams, n_vocab: int):
+    """`sample` returns a token id, or None when a grammar allows no token (a dead end)."""
+
+    def __init__(self, params: SamplingParams, n_vocab: int, vocab=None):
         self.greedy = params.temperature == 0 and not params.has_penalties
         self.chain = None
+        self.grammar = Grammar(vocab, params.grammar, n_vocab) if params.grammar else None
+        self.bias_ids = np.array(list(params.logit_bias), dtype=np.int64)
+        self.bias = np.array(list(params.logit_bias.values()), dtype=np.float32)
         if self.greedy:
             return
         chain = C.llama_sampler_chain_init(C.llama_sampler_chain_default_params())
@@ -55,12 +66,34 @@ class Sampler:
             C.llama_sampler_chain_add(chain, C.llama_sampler_init_dist(seed & 0xFFFFFFFF))
         self.chain = chain
 
-    def sample(self, context: Context, batch_index: int) -> int:
+    def sample(self, context: Context, batch_index: int) -> int | None:
+        if self.bias.size:   # in place on llama.cpp's logits: every path below reads them
+            context.logits(batch_index)[self.bias_ids] += self.bias
+        if self.grammar is not None:
+            return self._sample_constrained(context.logits(batch_index))
         if self.greedy:
             return int(context.logits(batch_index).argmax())
         return C.llama_sampler_sample(self.chain, context.ptr, batch_index)
+
+    def _sample_constrained(self, logits) -> int | None:
+        """Mask first, then the same choice as unconstrained: argmax, or the chain on the
+        masked candidates (apply + accept is what llama_sampler_sample does inside)."""
+        candidates = self.grammar.mask(logits)
+        if candidates is None:
+            return None
+        if self.greedy:
+            token = self.grammar.best()
+        else:
+            C.llama_sampler_apply(self.chain, ctypes.byref(candidates))
+            token = int(candidates.data[candidates.selected].id)
+            C.llama_sampler_accept(self.chain, token)
+        self.grammar.accept(token)
+        return token
 
     def close(self) -> None:
         if self.chain is not None:
             C.llama_sampler_free(self.chain)
             self.chain = None
+        if self.grammar is not None:
+            self.grammar.close()
+            self.grammar = None

@@ -197,7 +197,7 @@ class Worker:
         max_tokens = p.max_tokens or (self.max_seq_len - len(req.prompt))
         deadline = req.arrival_time + req.timeout if req.timeout else None
         req.seq = Sequence(req.prompt, max_tokens, req.priority, deadline, owner=req)
-        req.sampler = Sampler(p, self.model.n_vocab)
+        req.sampler = Sampler(p, self.model.n_vocab, self.model.vocab)
         req.stream = TextStream(self.model.piece, p.stop)
         self.scheduler.add(req.seq)
 
@@ -259,16 +259,20 @@ class Worker:
                                                 now))
         return events
 
-    def _postprocess(self, req: Request, token: int, now: float) -> Delivery:
+    def _postprocess(self, req: Request, token: int | None, now: float) -> Delivery:
         """The one place a sampled token is appended, stop conditions are checked and a request
         that reached one is finished."""
         seq, p = req.seq, req.params
+        if token is None:   # the grammar allows no token: end here rather than hang or fail
+            log.warning("engine %s: request %d reached a grammar dead end after %d tokens; "
+                        "finishing it with 'stop'", self.name, req.id, seq.num_output)
+            return self._finish(req, FinishReason.STOP, req.stream.flush())
         seq.tokens.append(token)
         if req.first_token_time is None:
             req.first_token_time = now
         self.observer.on_token(self, req, now)
         req.last_token_time = now
-        if token in self.model.eog_ids and not p.ignore_eos:
+        if token in self.model.eog_ids and (not p.ignore_eos or p.grammar):
             return self._finish(req, FinishReason.STOP, req.stream.flush(), num_tokens=1)
         text, stopped = req.stream.push(token)
         if stopped:

@@ -11,8 +11,10 @@ from sse_starlette.sse import EventSourceResponse
 
 from engine import Request, Worker
 from server.errors import error_body
+from server.fields import check_fields, unsupported
 from server.schemas import GenerateRequest
 from server.service import Service
+from server.structured import grammar_for
 
 router = APIRouter()
 public = APIRouter()
@@ -33,13 +35,16 @@ async def generate_stream(body: GenerateRequest, http: HTTPRequest):
     """SSE: one `token` event per piece of text ({"text": ...}), then one `done` event with the
     finish reason, token counts and timings (or an `error` event). The prompt is sent as a user
     message through the model's chat template when it has one, unless "raw": true."""
+    check_fields(body, frozenset())
+    if body.n != 1:
+        raise unsupported("n", "above 1 is not supported")
     svc: Service = http.app.state.service
     lm = svc.get(body.model or next(iter(svc.models)))
     if lm.template is not None and not body.raw:   # an instruction, as a one-message chat
         prompt = await svc.chat_prompt(lm, [{"role": "user", "content": body.prompt}])
     else:
         prompt = await svc.text_prompt(lm, body.prompt)
-    worker, req = svc.submit(lm, prompt, body, body.max_tokens)
+    worker, req = svc.submit(lm, prompt, body, body.max_tokens, grammar_for(body, lm.model.vocab))
     return EventSourceResponse(_events(svc, worker, req, http), ping=15, sep="\n")
 
 

@@ -11,8 +11,12 @@ from fastapi import APIRouter, Request as HTTPRequest
 from sse_starlette.sse import EventSourceResponse
 
 from server.errors import APIError, error_body
+from server.fields import UNSUPPORTED_CHAT, UNSUPPORTED_COMPLETION, check_fields, unsupported
 from server.openai_format import Kind, OpenAIFormat, sse
-from server.schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
+from server.schemas import (ChatCompletionRequest, CompletionRequest, SamplingFields,
+                            UnsupportedContent)
+from server.structured import grammar_for
+from server.tools import parse_tools, render_messages
 from server.service import Generation, LoadedModel, Service
 
 router = APIRouter(prefix="/v1")
@@ -33,20 +37,32 @@ async def list_models(http: HTTPRequest) -> dict:
 
 @router.post("/chat/completions")
 async def chat_completions(body: ChatCompletionRequest, http: HTTPRequest):
+    check_fields(body, UNSUPPORTED_CHAT)
+    _check_n(body)
     svc = service(http)
     lm = svc.get(body.model)
     try:
         messages = [{**m.model_dump(exclude_none=True), "content": m.text()} for m in body.messages]
+    except UnsupportedContent as exc:
+        raise unsupported("messages", f"content parts of type '{exc}' are not supported "
+                          "(text only)") from exc
     except ValueError as exc:
         raise APIError(400, str(exc), "invalid_content", "messages") from exc
-    prompt = await svc.chat_prompt(lm, messages)
+    use = parse_tools(body.tools, body.tool_choice, body.parallel_tool_calls)
+    grammar = grammar_for(body, lm.model.vocab)
+    if grammar and use.grammar():
+        raise APIError(400, "a tool_choice that forces a call cannot be combined with "
+                       "response_format, json_schema or grammar", "invalid_value", "tool_choice")
+    prompt = await svc.chat_prompt(lm, render_messages(messages, use))
     max_tokens = body.max_completion_tokens or body.max_tokens
-    gen = svc.generate(lm, prompt, body, max_tokens, http)
-    return await _respond(svc, gen, _format("chat", lm, body))
+    gen = svc.generate(lm, prompt, body, max_tokens, http, grammar or use.grammar())
+    return await _respond(svc, gen, _format("chat", lm, body, tools=use.active))
 
 
 @router.post("/completions")
 async def completions(body: CompletionRequest, http: HTTPRequest):
+    check_fields(body, UNSUPPORTED_COMPLETION)
+    _check_n(body)
     svc = service(http)
     lm = svc.get(body.model)
     prompt_in = body.prompt
@@ -62,15 +78,22 @@ async def completions(body: CompletionRequest, http: HTTPRequest):
     else:
         prompt = list(prompt_in)
     echo = prompt_in if body.echo and isinstance(prompt_in, str) else ""
-    gen = svc.generate(lm, prompt, body, body.max_tokens or 16, http)
+    gen = svc.generate(lm, prompt, body, body.max_tokens or 16, http,
+                       grammar_for(body, lm.model.vocab))
     return await _respond(svc, gen, _format("completion", lm, body, echo))
 
 
-def _format(kind: Kind, lm: LoadedModel, body: SamplingFields, echo: str = "") -> OpenAIFormat:
+def _check_n(body: SamplingFields) -> None:
+    if body.n != 1:
+        raise unsupported("n", "above 1 is not supported yet (one choice per request)")
+
+
+def _format(kind: Kind, lm: LoadedModel, body: SamplingFields, echo: str = "",
+            tools: bool = False) -> OpenAIFormat:
     prefix = "chatcmpl-" if kind == "chat" else "cmpl-"
     include_usage = bool(body.stream and body.stream_options and body.stream_options.include_usage)
     return OpenAIFormat(kind, lm.name, prefix + uuid.uuid4().hex[:24], int(time.time()),
-                        body.stream, include_usage, echo)
+                        body.stream, include_usage, echo, tools)
 
 
 async def _respond(svc: Service, gen: Generation, fmt: OpenAIFormat):
@@ -81,16 +104,22 @@ async def _respond(svc: Service, gen: Generation, fmt: OpenAIFormat):
 
 
 async def _stream(svc: Service, gen: Generation, fmt: OpenAIFormat) -> AsyncIterator[dict]:
+    """With tools, the text is held back until the end: only then can it be told apart from a
+    call (the fallback format), and the calls go out as OpenAI's tool-call deltas."""
     for chunk in fmt.opening_chunks():
         yield chunk
+    held = []
     async for event in svc.events(gen.worker, gen.req, gen.http):
         if event.error:
             yield sse(error_body(500, event.error, "engine_error"))
             return
-        if event.text:
+        if event.text and fmt.tools:
+            held.append(event.text)
+        elif event.text:
             yield fmt.text_chunk(event.text)
         if event.finish_reason:
-            yield fmt.finish_chunk(event.finish_reason)
+            for chunk in fmt.closing_chunks("".join(held), event.finish_reason):
+                yield chunk
     if fmt.include_usage:
         yield fmt.usage_chunk(gen.req)
     yield sse("[DONE]")

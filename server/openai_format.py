@@ -8,6 +8,7 @@ from typing import Literal
 
 from engine import Request
 from scheduler import FinishReason
+from server.tools import parse_tool_calls
 
 Kind = Literal["chat", "completion"]
 
@@ -38,6 +39,7 @@ class OpenAIFormat:
     stream: bool = False
     include_usage: bool = False
     echo: str = ""                     # completions: the prompt text to put before the answer
+    tools: bool = False                # chat with tools: calls are parsed out of the text
 
     @property
     def chat(self) -> bool:
@@ -57,11 +59,20 @@ class OpenAIFormat:
         if not self.chat:
             choice = {"index": 0, "text": text, "finish_reason": openai_finish(finish)}
         else:
-            message = {"role": "assistant", "content": text}
-            choice = {"index": 0, "message": message, "finish_reason": openai_finish(finish)}
+            message, reason = self._message(text, finish)
+            choice = {"index": 0, "message": message, "finish_reason": reason}
         choice["logprobs"] = None
         return {"id": self.id, "object": self.object, "created": self.created,
                 "model": self.model, "choices": [choice], "usage": usage(req)}
+
+    def _message(self, text: str, finish: FinishReason) -> tuple[dict, str | None]:
+        calls = []
+        if self.tools:
+            text, calls = parse_tool_calls(text)
+        if not calls:
+            return {"role": "assistant", "content": text}, openai_finish(finish)
+        return ({"role": "assistant", "content": text or None,
+                 "tool_calls": [c.openai() for c in calls]}, "tool_calls")
 
     # ---- a stream -----------------------------------------------------------------------------
     def opening_chunks(self) -> list[dict]:
@@ -74,6 +85,22 @@ class OpenAIFormat:
 
     def finish_chunk(self, finish: FinishReason) -> dict:
         return self._chunk({} if self.chat else "", openai_finish(finish))
+
+    def closing_chunks(self, held: str, finish: FinishReason) -> list[dict]:
+        """The text held back (with tools), the calls as deltas, then the finish chunk: per call
+        one delta with its index, id and name, then one with its arguments."""
+        if not self.tools:
+            return [self.finish_chunk(finish)]
+        text, calls = parse_tool_calls(held)
+        chunks = [self.text_chunk(text)] if text else []
+        for i, call in enumerate(calls):
+            head = call.openai(i)
+            head["function"] = {"name": call.name, "arguments": ""}
+            chunks.append(self._chunk({"tool_calls": [head]}, None))
+            chunks.append(self._chunk({"tool_calls": [
+                {"index": i, "function": {"arguments": call.arguments}}]}, None))
+        reason = "tool_calls" if calls else openai_finish(finish)
+        return chunks + [self._chunk({}, reason)]
 
     def usage_chunk(self, req: Request) -> dict:
         return sse({"id": self.id, "object": self.chunk_object, "created": self.created,

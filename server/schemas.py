@@ -7,7 +7,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 
 class SamplingFields(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    # Unknown fields are kept (model_extra) so that server/fields.py can refuse them by name.
+    model_config = ConfigDict(extra="allow")
 
     model: str | None = None
     max_tokens: int | None = Field(None, ge=1)
@@ -21,11 +22,16 @@ class SamplingFields(BaseModel):
     repetition_penalty: float | None = Field(None, gt=0.0, le=10.0)
     stop: str | list[str] | None = None
     ignore_eos: bool = False
-    n: int = Field(1, ge=1, le=1, description="only n=1 is supported")
+    n: int = Field(1, ge=1)
     stream: bool = False
     stream_options: StreamOptions | None = None
     priority: int = 0
     timeout: float | None = Field(None, gt=0.0, description="seconds before the request is ended")
+    # structured output (server/structured.py): OpenAI's, and llama-server's two fields
+    response_format: dict[str, Any] | None = None
+    json_schema: dict[str, Any] | None = None
+    grammar: str | None = None
+    logit_bias: dict[str, float] | None = None    # token id (as a string) -> bias in [-100, 100]
 
     @field_validator("stop")
     @classmethod
@@ -44,6 +50,10 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
+class UnsupportedContent(ValueError):
+    """A content part other than text (image_url, input_audio, file, …)."""
+
+
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="allow")
 
@@ -55,8 +65,10 @@ class ChatMessage(BaseModel):
             return self.content or ""
         parts = []
         for part in self.content:
-            if part.get("type") != "text" or not isinstance(part.get("text"), str):
-                raise ValueError("only text content parts are supported")
+            if part.get("type") != "text":
+                raise UnsupportedContent(str(part.get("type")))
+            if not isinstance(part.get("text"), str):
+                raise ValueError("a text content part needs a 'text' string")
             parts.append(part["text"])
         return "".join(parts)
 
@@ -65,6 +77,9 @@ class ChatCompletionRequest(SamplingFields):
     model: str
     messages: list[ChatMessage] = Field(..., min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
+    tools: list[Any] | None = None          # server/tools.py checks each one
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
 
 
 class CompletionRequest(SamplingFields):

@@ -112,9 +112,10 @@ class Service:
 
     # ---- one request --------------------------------------------------------------------------
     def generate(self, lm: LoadedModel, prompt: list[int], body: SamplingFields,
-                 max_tokens: int | None, http: HTTPRequest) -> Generation:
-        """Validate and submit one request; the stable entry point for every API surface."""
-        worker, req = self.submit(lm, prompt, body, max_tokens)
+                 max_tokens: int | None, http: HTTPRequest, grammar: str | None = None) -> Generation:
+        """Validate and submit one request; the stable entry point for every API surface.
+        `grammar` (GBNF, see server/structured.py) constrains the output token by token."""
+        worker, req = self.submit(lm, prompt, body, max_tokens, grammar)
         return Generation(lm, worker, req, http)
 
     async def collect(self, gen: Generation) -> tuple[str, FinishReason]:
@@ -131,7 +132,7 @@ class Service:
         return "".join(parts), finish
 
     def submit(self, lm: LoadedModel, prompt: list[int], body: SamplingFields,
-               max_tokens: int | None) -> tuple[Worker, Request]:
+               max_tokens: int | None, grammar: str | None = None) -> tuple[Worker, Request]:
         if not prompt:
             raise APIError(400, "the prompt is empty", "empty_prompt", "prompt")
         if any(t < 0 or t >= lm.model.n_vocab for t in prompt):
@@ -145,6 +146,7 @@ class Service:
                            f"{max_tokens or 1} for the completion). Please reduce the prompt or "
                            "max_tokens.", "context_length_exceeded", "max_tokens")
         params = self._sampling(lm, body, max_tokens)
+        params.grammar = grammar
         worker = pick_replica(lm.workers, prompt)
         req = Request(prompt, params, body.priority, body.timeout)
         try:
@@ -168,7 +170,21 @@ class Service:
             seed=body.seed, repetition_penalty=pick("repetition_penalty", 1.0),
             presence_penalty=pick("presence_penalty", 0.0),
             frequency_penalty=pick("frequency_penalty", 0.0),
-            stop=body.stop_list(), ignore_eos=body.ignore_eos)
+            stop=body.stop_list(), ignore_eos=body.ignore_eos,
+            logit_bias=self._logit_bias(lm, body.logit_bias))
+
+    @staticmethod
+    def _logit_bias(lm: LoadedModel, bias: dict[str, float] | None) -> dict[int, float]:
+        out = {}
+        for key, value in (bias or {}).items():
+            if not key.lstrip("-").isdigit() or not 0 <= int(key) < lm.model.n_vocab:
+                raise APIError(400, f"logit_bias key {key!r} is not a token id of this model "
+                               f"(0 to {lm.model.n_vocab - 1})", "invalid_value", "logit_bias")
+            if not -100 <= value <= 100:
+                raise APIError(400, f"logit_bias value for {key} must be in [-100, 100]",
+                               "invalid_value", "logit_bias")
+            out[int(key)] = float(value)
+        return out
 
     async def events(self, worker: Worker, req: Request, http: HTTPRequest,
                      poll_disconnect: bool = False) -> AsyncIterator[Event]:

@@ -1,0 +1,106 @@
+"""Structured output cost and correctness (issue 13).
+
+1. Throughput: the same chat requests at 16 concurrent, constrained by a JSON schema
+   (response_format json_schema) and unconstrained; output tok/s of each and their ratio.
+2. Correctness: N requests over varied schemas (sampled, temperature 0.8); how many parse and
+   validate, and how many were cut by max_tokens.
+
+    python -m benchmarks.structured [--requests 32] [--schema-requests 200]
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+
+import jsonschema
+
+from benchmarks.client import complete, first_model, make_client
+from benchmarks.launch import launched, our_server
+
+PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 24},
+                                           "age": {"type": "integer"}},
+          "required": ["name", "age"], "additionalProperties": False}
+SCHEMAS = [
+    PERSON,
+    {"type": "object", "properties": {"x": {"type": "number"}, "y": {"type": "number"}},
+     "required": ["x", "y"]},
+    {"type": "object", "properties": {"color": {"enum": ["red", "green", "blue"]}},
+     "required": ["color"]},
+    {"type": "object", "properties": {"tags": {"type": "array", "maxItems": 3,
+                                               "items": {"type": "string", "maxLength": 12}}},
+     "required": ["tags"]},
+    {"type": "object", "properties": {"ok": {"type": "boolean"}, "n": {"type": "integer",
+                                                                         "minimum": 0, "maximum": 99}},
+     "required": ["ok", "n"]},
+    {"type": "object", "properties": {"city": {"type": "object", "properties": {
+        "name": {"type": "string", "maxLength": 16}, "pop": {"type": "integer"}},
+        "required": ["name", "pop"]}}, "required": ["city"]},
+    {"type": "array", "items": {"type": "integer"}, "minItems": 1, "maxItems": 4},
+    {"type": "object", "properties": {"kind": {"const": "event"},
+                                      "when": {"type": "string", "maxLength": 10}},
+     "required": ["kind", "when"]},
+]
+PROMPTS = ["Describe a person.", "Give me a point.", "Pick a colour.", "Tag this post.",
+           "Is it ok?", "Tell me about a city.", "List some numbers.", "When is the event?"]
+
+
+def body(model: str, i: int, schema: dict | None, max_tokens: int, temperature: float) -> dict:
+    b = {"model": model, "messages": [{"role": "user", "content": PROMPTS[i % len(PROMPTS)]}],
+         "max_tokens": max_tokens, "temperature": temperature, "seed": i}
+    if schema is not None:
+        b["response_format"] = {"type": "json_schema",
+                                "json_schema": {"name": "s", "schema": schema, "strict": True}}
+    return b
+
+
+async def run_all(url: str, bodies: list[dict], concurrency: int) -> tuple[list[dict], float]:
+    sem = asyncio.Semaphore(concurrency)
+    async with make_client(concurrency, 600) as client:
+        async def one(b: dict) -> dict:
+            async with sem:
+                return await complete(client, url, b)
+        t0 = time.perf_counter()
+        out = await asyncio.gather(*(one(b) for b in bodies))
+        return out, time.perf_counter() - t0
+
+
+def tok_s(results: list[dict], seconds: float) -> float:
+    return sum(r["usage"]["completion_tokens"] for r in results) / seconds
+
+
+def validates(result: dict, schema: dict) -> bool:
+    try:
+        jsonschema.validate(json.loads(result["choices"][0]["message"]["content"]), schema)
+        return True
+    except (json.JSONDecodeError, jsonschema.ValidationError):
+        return False
+
+
+async def main(args) -> None:
+    with launched(our_server()) as base:
+        url, model = f"{base}/v1/chat/completions", first_model(base)
+        await run_all(url, [body(model, i, PERSON, 8, 0.8) for i in range(4)], 4)   # warm up
+        n = args.requests
+        free, t_free = await run_all(url, [body(model, i, None, 48, 0.8) for i in range(n)], 16)
+        con, t_con = await run_all(url, [body(model, i, PERSON, 48, 0.8) for i in range(n)], 16)
+        a, b = tok_s(free, t_free), tok_s(con, t_con)
+        print(f"16 concurrent, {n} requests: unconstrained {a:.1f} tok/s, json_schema {b:.1f} "
+              f"tok/s, ratio {b / a:.2f}x (target >= 0.8x)")
+        print(f"  completion tokens: unconstrained {sum(r['usage']['completion_tokens'] for r in free)}, "
+              f"constrained {sum(r['usage']['completion_tokens'] for r in con)}")
+        m = args.schema_requests
+        schemas = [SCHEMAS[i % len(SCHEMAS)] for i in range(m)]
+        res, t = await run_all(url, [body(model, i, s, 128, 0.8) for i, s in enumerate(schemas)], 16)
+        ok = sum(validates(r, s) for r, s in zip(res, schemas))
+        cut = sum(r["choices"][0]["finish_reason"] == "length" for r in res)
+        print(f"{m} requests over {len(SCHEMAS)} schemas: {ok} validate, {cut} cut by max_tokens, "
+              f"{m - ok - cut} other failures ({t:.1f} s, {tok_s(res, t):.1f} tok/s)")
+
+
+if __name__ == "__main__":
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--requests", type=int, default=32)
+    p.add_argument("--schema-requests", type=int, default=200)
+    asyncio.run(main(p.parse_args()))

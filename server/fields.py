@@ -1,0 +1,49 @@
+"""Which request fields we serve, ignore on purpose, or refuse: the server never fails open.
+
+A field that would change the answer and that we do not implement is a 400
+`unsupported_parameter` naming it, never a 200 that silently dropped it. Fields that cannot
+change the answer (`user`, `metadata`, `store`, …) are accepted and ignored. Fields no spec we
+know names (a vendor extension such as vLLM's `guided_json` or `min_tokens`) are refused too:
+such an extension almost always constrains or changes the output, so ignoring it is exactly the
+silent failure this module exists to prevent; the error names the field, so a client learns at
+once instead of from wrong output.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel
+
+from server.errors import APIError
+
+# Accepted and ignored: they label, store or route a request elsewhere, never change its tokens.
+HARMLESS = frozenset({"user", "metadata", "store", "service_tier", "safety_identifier",
+                      "prompt_cache_key", "prompt_cache_retention"})
+
+# OpenAI fields we know and do not implement (yet): any value other than "absent" is refused.
+UNSUPPORTED_CHAT = frozenset({
+    "audio", "modalities", "prediction", "web_search_options", "functions", "function_call",
+    "logprobs", "top_logprobs", "reasoning_effort", "verbosity"})
+UNSUPPORTED_COMPLETION = frozenset({"logprobs", "suffix", "best_of"})
+
+# Values equal to "not asked for": sending them is the same as leaving the field out.
+_NEUTRAL: dict[str, tuple] = {"logprobs": (None, False), "best_of": (None, 1)}
+
+
+def unsupported(field: str, why: str = "is not supported by this server") -> APIError:
+    return APIError(400, f"'{field}' {why}", "unsupported_parameter", field)
+
+
+def check_fields(body: BaseModel, unsupported_fields: frozenset[str]) -> None:
+    """Raise a 400 for the first extra field that is neither harmless nor neutral."""
+    for name, value in (body.model_extra or {}).items():
+        if name in HARMLESS or _neutral(name, value):
+            continue
+        if name in unsupported_fields:
+            raise unsupported(name)
+        raise unsupported(name, "is not a field this server knows; it is refused rather than "
+                                "ignored, because ignoring it could silently change the answer")
+
+
+def _neutral(name: str, value: Any) -> bool:
+    return value is None or value in _NEUTRAL.get(name, ())

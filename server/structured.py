@@ -1,0 +1,79 @@
+"""Structured output: the request's constraint as one GBNF grammar, or a 400 naming what is wrong.
+
+Sources (at most one per request): OpenAI's `response_format` (`json_object`, `json_schema`),
+llama-server's top-level `json_schema` and `grammar` (GBNF). JSON schemas are checked with
+`jsonschema` (a schema that is not a valid schema is a 400) and compiled to GBNF with llama.cpp's
+converter; the grammar is then parsed by llama.cpp once here, so a request that reaches the
+engine always has a grammar the engine accepts.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import jsonschema
+
+from engine.grammar import GrammarError, check_gbnf, schema_to_gbnf
+from server.errors import APIError
+from server.schemas import SamplingFields
+
+
+def bad(param: str, message: str) -> APIError:
+    code = {"grammar": "invalid_grammar", "response_format": "invalid_value"}.get(param, "invalid_schema")
+    return APIError(400, message, code, param)
+
+
+def grammar_for(body: SamplingFields, vocab) -> str | None:
+    """The GBNF that constrains this request's output, or None when nothing does."""
+    sources = [name for name in ("response_format", "json_schema", "grammar")
+               if _given(name, getattr(body, name, None))]
+    if len(sources) > 1:
+        raise bad(sources[1], f"give one of {', '.join(sources)}, not several")
+    if not sources:
+        return None
+    name = sources[0]
+    if name == "grammar":
+        gbnf = body.grammar
+    elif name == "json_schema":
+        gbnf = compile_schema(body.json_schema, "json_schema")
+    else:
+        gbnf = _response_format(body.response_format)
+    try:
+        check_gbnf(vocab, gbnf)
+    except GrammarError as exc:
+        raise bad(name, str(exc)) from exc
+    return gbnf
+
+
+def compile_schema(schema: Any, param: str) -> str:
+    if not isinstance(schema, dict):
+        raise bad(param, f"{param} must be a JSON object (a JSON schema)")
+    try:
+        jsonschema.validators.validator_for(schema).check_schema(schema)
+    except jsonschema.SchemaError as exc:
+        where = "/".join(str(p) for p in exc.path)
+        raise bad(param, f"invalid JSON schema{' at ' + where if where else ''}: "
+                         f"{exc.message}") from exc
+    try:
+        return schema_to_gbnf(schema)
+    except GrammarError as exc:
+        raise bad(param, str(exc)) from exc
+
+
+def _response_format(fmt: dict) -> str | None:
+    kind = fmt.get("type") if isinstance(fmt, dict) else None
+    if kind == "json_object":
+        return schema_to_gbnf({"type": "object"})
+    if kind == "json_schema":
+        spec = fmt.get("json_schema")
+        if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
+            raise bad("response_format.json_schema",
+                      "response_format.json_schema needs a 'name' and a 'schema'")
+        return compile_schema(spec.get("schema", {}), "response_format.json_schema.schema")
+    raise bad("response_format", "response_format.type must be 'text', 'json_object' or "
+                                 f"'json_schema', not {kind!r}")
+
+
+def _given(name: str, value: Any) -> bool:
+    if name == "response_format":
+        return value is not None and value != {"type": "text"}
+    return value is not None

@@ -1,0 +1,174 @@
+"""Tool calls through a documented fallback format (for chat templates that do not render tools,
+SmolLM2's among them).
+
+The tools are described in the system message; the model calls one by answering
+`<tool_call>{"name": "NAME", "arguments": {...}}</tool_call>` (several such blocks for parallel
+calls), and `parse_tool_calls` reads them back. `tool_choice` "required" or a named function
+constrains the whole answer with a grammar built from the functions' parameter schemas, so the
+arguments always parse and validate; "auto" leaves the model free and parses what it wrote;
+"none" does not describe the tools. History: an assistant message's `tool_calls` are rendered in
+the same tagged format, a `tool` message as a user turn wrapped in `<tool_response>`.
+"""
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from engine.grammar import GrammarError, schema_to_gbnf
+from server.errors import APIError
+from server.structured import compile_schema
+
+OPEN, CLOSE = "<tool_call>", "</tool_call>"
+_CALL = re.compile(re.escape(OPEN) + r"\s*(.*?)\s*" + re.escape(CLOSE), re.DOTALL)
+
+
+@dataclass
+class Function:
+    name: str
+    description: str = ""
+    parameters: dict = field(default_factory=lambda: {"type": "object", "properties": {}})
+
+
+@dataclass
+class ToolCall:
+    name: str
+    arguments: str          # JSON text, as OpenAI sends it
+    id: str = field(default_factory=lambda: "call_" + uuid.uuid4().hex[:24])
+
+    def openai(self, index: int | None = None) -> dict:
+        call = {"id": self.id, "type": "function",
+                "function": {"name": self.name, "arguments": self.arguments}}
+        return call if index is None else {"index": index, **call}
+
+
+@dataclass
+class ToolUse:
+    """What a request asked for: its functions, the choice, and the grammar it implies."""
+    functions: list[Function]
+    choice: str                     # "none" | "auto" | "required" | a function name
+    parallel: bool = True
+
+    @property
+    def active(self) -> bool:
+        return bool(self.functions) and self.choice != "none"
+
+    def grammar(self) -> str | None:
+        if self.choice in ("none", "auto"):
+            return None
+        allowed = [f for f in self.functions if self.choice in ("required", f.name)]
+        return calls_grammar(allowed, self.parallel)
+
+
+def parse_tools(tools: list | None, tool_choice: Any, parallel: bool | None) -> ToolUse:
+    functions = [_function(i, t) for i, t in enumerate(tools or [])]
+    names = {f.name for f in functions}
+    choice = _choice(tool_choice, names)
+    if choice != "none" and not functions and tool_choice is not None:
+        raise APIError(400, "tool_choice needs tools", "invalid_value", "tool_choice")
+    return ToolUse(functions, choice, parallel is not False)
+
+
+def _function(i: int, tool: Any) -> Function:
+    where = f"tools[{i}]"
+    if not isinstance(tool, dict) or tool.get("type") != "function":
+        raise APIError(400, f"{where}: only tools of type 'function' are supported",
+                       "unsupported_parameter", where)
+    fn = tool.get("function")
+    if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
+        raise APIError(400, f"{where}.function needs a 'name'", "invalid_value", f"{where}.function")
+    params = fn.get("parameters") or {"type": "object", "properties": {}}
+    compile_schema(params, f"{where}.function.parameters")   # a 400 naming it if it is invalid
+    return Function(fn["name"], fn.get("description") or "", params)
+
+
+def _choice(tool_choice: Any, names: set[str]) -> str:
+    if tool_choice is None:
+        return "auto" if names else "none"
+    if tool_choice in ("none", "auto", "required"):
+        return tool_choice
+    name = (tool_choice.get("function") or {}).get("name") if isinstance(tool_choice, dict) else None
+    if not isinstance(name, str):
+        raise APIError(400, "tool_choice must be 'none', 'auto', 'required' or "
+                       '{"type": "function", "function": {"name": ...}}', "invalid_value",
+                       "tool_choice")
+    if name not in names:
+        raise APIError(400, f"tool_choice names the function '{name}', which is not in tools",
+                       "invalid_value", "tool_choice")
+    return name
+
+
+def calls_grammar(functions: list[Function], parallel: bool) -> str:
+    """GBNF: one tagged call (or several, when parallel) to one of these functions."""
+    schema = {"oneOf": [{"type": "object", "properties": {
+        "name": {"const": f.name}, "arguments": f.parameters},
+        "required": ["name", "arguments"], "additionalProperties": False} for f in functions]}
+    try:
+        body = schema_to_gbnf(schema)
+    except GrammarError as exc:
+        raise APIError(400, str(exc), "invalid_schema", "tools") from exc
+    body = re.sub(r"^root ::=", "call ::=", body, flags=re.MULTILINE)
+    more = f' ("\\n" "{OPEN}" call "{CLOSE}")*' if parallel else ""
+    return f'root ::= "{OPEN}" call "{CLOSE}"{more}\n{body}'
+
+
+# ---- prompt side ---------------------------------------------------------------------------------
+def system_text(use: ToolUse) -> str:
+    lines = ["You can call these functions (JSON schema of each one's arguments):"]
+    for f in use.functions:
+        lines.append(json.dumps({"name": f.name, "description": f.description,
+                                 "parameters": f.parameters}, ensure_ascii=False))
+    lines.append(f'To call a function, answer with {OPEN}{{"name": "NAME", "arguments": '
+                 f'{{...}}}}{CLOSE}' + (" (one block per call)" if use.parallel else "") + ".")
+    return "\n".join(lines)
+
+
+def render_messages(messages: list[dict], use: ToolUse) -> list[dict]:
+    """Messages in the fallback format: tools in the system message, calls and results as text."""
+    out = [_render(m) for m in messages]
+    if not use.active:
+        return out
+    tools = system_text(use)
+    if out and out[0]["role"] in ("system", "developer"):
+        return [{**out[0], "content": f"{out[0]['content']}\n\n{tools}"}] + out[1:]
+    return [{"role": "system", "content": tools}] + out
+
+
+def _render(m: dict) -> dict:
+    if m["role"] == "tool":
+        return {"role": "user", "content": f"<tool_response>{m.get('content', '')}</tool_response>"}
+    calls = m.get("tool_calls")
+    if m["role"] == "assistant" and calls:
+        blocks = [f'{OPEN}{{"name": {json.dumps(c["function"]["name"])}, "arguments": '
+                  f'{c["function"].get("arguments") or "{}"}}}{CLOSE}' for c in calls]
+        text = (m.get("content") or "") + "\n".join(blocks)
+        return {"role": "assistant", "content": text}
+    return {k: v for k, v in m.items() if k != "tool_calls"}
+
+
+# ---- answer side ---------------------------------------------------------------------------------
+def parse_tool_calls(text: str) -> tuple[str, list[ToolCall]]:
+    """The text outside tagged calls, and the calls whose JSON parses (others stay in the text)."""
+    calls, kept, last = [], [], 0
+    for match in _CALL.finditer(text):
+        call = _call(match.group(1))
+        if call is None:
+            continue
+        kept.append(text[last:match.start()])
+        last = match.end()
+        calls.append(call)
+    kept.append(text[last:])
+    return "".join(kept).strip() if calls else text, calls
+
+
+def _call(body: str) -> ToolCall | None:
+    try:
+        data = json.loads(body)
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(data, dict) or not isinstance(data.get("name"), str):
+        return None
+    args = data.get("arguments", {})
+    return ToolCall(data["name"], args if isinstance(args, str) else json.dumps(args))

@@ -1,0 +1,182 @@
+"""The OpenAI surface never fails open: structured output is enforced, unsupported fields are a
+400 naming them (real openai SDK, real server; the shared server fixture)."""
+import json
+
+import httpx
+import jsonschema
+import openai
+import pytest
+
+PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 20},
+                                           "age": {"type": "integer"}},
+          "required": ["name", "age"], "additionalProperties": False}
+
+
+def ask(client, model, **kw):
+    kw.setdefault("max_tokens", 48)
+    return client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": "Describe a person as JSON."}],
+        temperature=0, **kw)
+
+
+def error_of(exc) -> dict:
+    return exc.value.body
+
+
+# ---- never fail open ---------------------------------------------------------------------------
+@pytest.mark.parametrize("field,value", [
+    ("audio", {"voice": "alloy", "format": "mp3"}), ("modalities", ["text", "audio"]),
+    ("prediction", {"type": "content", "content": "x"}), ("logprobs", True),
+    ("top_logprobs", 2), ("reasoning_effort", "low"),
+    ("n", 2), ("guided_json", {"type": "object"})])
+def test_a_field_we_do_not_implement_is_a_400_naming_it(client, model_name, field, value):
+    with pytest.raises(openai.BadRequestError) as exc:
+        ask(client, model_name, max_tokens=2, extra_body={field: value})
+    assert error_of(exc)["code"] == "unsupported_parameter" and error_of(exc)["param"] == field
+
+
+def test_harmless_fields_are_accepted(client, model_name):
+    resp = ask(client, model_name, max_tokens=2, user="u1", metadata={"k": "v"}, store=False,
+               extra_body={"service_tier": "auto"})
+    assert resp.choices[0].finish_reason == "length"
+
+
+def test_an_image_content_part_is_a_400_naming_messages(client, model_name):
+    with pytest.raises(openai.BadRequestError) as exc:
+        client.chat.completions.create(model=model_name, max_tokens=2, messages=[
+            {"role": "user", "content": [{"type": "image_url",
+                                          "image_url": {"url": "data:image/png;base64,AA=="}}]}])
+    assert error_of(exc)["code"] == "unsupported_parameter" and error_of(exc)["param"] == "messages"
+
+
+def test_completions_logprobs_is_a_400(client, model_name):
+    with pytest.raises(openai.BadRequestError) as exc:
+        client.completions.create(model=model_name, prompt="Hi", max_tokens=2, logprobs=2)
+    assert error_of(exc)["param"] == "logprobs"
+
+
+# ---- structured output ---------------------------------------------------------------------------
+def test_json_object_output_parses(client, model_name):
+    resp = ask(client, model_name, response_format={"type": "json_object"}, max_tokens=96)
+    assert resp.choices[0].finish_reason == "stop"
+    assert isinstance(json.loads(resp.choices[0].message.content), dict)
+
+
+def test_json_schema_output_validates(client, model_name):
+    resp = ask(client, model_name, max_tokens=64, response_format={
+        "type": "json_schema", "json_schema": {"name": "person", "schema": PERSON, "strict": True}})
+    jsonschema.validate(json.loads(resp.choices[0].message.content), PERSON)
+
+
+def test_json_schema_output_validates_when_sampled_and_streamed(client, model_name):
+    stream = client.chat.completions.create(
+        model=model_name, messages=[{"role": "user", "content": "A person?"}], max_tokens=64,
+        temperature=0.8, seed=3, stream=True,
+        response_format={"type": "json_schema", "json_schema": {"name": "p", "schema": PERSON}})
+    text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+    jsonschema.validate(json.loads(text), PERSON)
+
+
+def test_llama_server_json_schema_field_constrains_completions(client, model_name):
+    resp = client.completions.create(model=model_name, prompt="Person:", max_tokens=64,
+                                     temperature=0, extra_body={"json_schema": PERSON})
+    jsonschema.validate(json.loads(resp.choices[0].text), PERSON)
+
+
+def test_a_gbnf_grammar_constrains_the_output(client, model_name):
+    resp = ask(client, model_name, max_tokens=8, extra_body={"grammar": 'root ::= "yes" | "no"'})
+    assert resp.choices[0].message.content in ("yes", "no")
+    assert resp.choices[0].finish_reason == "stop"
+
+
+def test_an_invalid_schema_is_a_400_saying_what_is_wrong(client, model_name):
+    with pytest.raises(openai.BadRequestError) as exc:
+        ask(client, model_name, response_format={"type": "json_schema", "json_schema": {
+            "name": "x", "schema": {"type": "object", "properties": {"a": {"type": "frob"}}}}})
+    assert error_of(exc)["param"] == "response_format.json_schema.schema"
+    assert "frob" in error_of(exc)["message"]
+
+
+def test_a_grammar_that_does_not_parse_is_a_400(server_url, model_name):
+    resp = httpx.post(f"{server_url}/v1/chat/completions", json={
+        "model": model_name, "messages": [{"role": "user", "content": "hi"}],
+        "grammar": "root ::= (("})
+    assert resp.status_code == 400 and resp.json()["error"]["param"] == "grammar"
+
+
+def test_an_unknown_response_format_type_is_a_400(server_url, model_name):
+    resp = httpx.post(f"{server_url}/v1/chat/completions", json={
+        "model": model_name, "messages": [{"role": "user", "content": "hi"}],
+        "response_format": {"type": "yaml"}})
+    assert resp.status_code == 400 and resp.json()["error"]["param"] == "response_format"
+
+
+# ---- tool calls ----------------------------------------------------------------------------------
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "Weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 16}},
+                   "required": ["city"], "additionalProperties": False}}}
+WEATHER_Q = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+def test_required_tool_choice_returns_calls_whose_arguments_validate(client, model_name):
+    resp = client.chat.completions.create(model=model_name, messages=WEATHER_Q, max_tokens=48,
+                                          temperature=0, tools=[WEATHER], tool_choice="required",
+                                          parallel_tool_calls=False)
+    choice = resp.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    call = choice.message.tool_calls[0]
+    assert call.function.name == "get_weather" and call.id.startswith("call_")
+    jsonschema.validate(json.loads(call.function.arguments),
+                        WEATHER["function"]["parameters"])
+
+
+def test_a_named_tool_choice_streams_openai_tool_call_deltas(client, model_name):
+    stream = client.chat.completions.create(
+        model=model_name, messages=WEATHER_Q, max_tokens=48, temperature=0, stream=True,
+        tools=[WEATHER], parallel_tool_calls=False,
+        tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    name, args, finish, ids = "", "", None, set()
+    for chunk in stream:
+        for d in chunk.choices[0].delta.tool_calls or []:
+            ids.add(d.id) if d.id else None
+            name += d.function.name or ""
+            args += d.function.arguments or ""
+        finish = chunk.choices[0].finish_reason or finish
+    assert (name, finish, len(ids)) == ("get_weather", "tool_calls", 1)
+    jsonschema.validate(json.loads(args), WEATHER["function"]["parameters"])
+
+
+def test_a_history_with_calls_and_tool_results_is_accepted(client, model_name):
+    resp = client.chat.completions.create(model=model_name, max_tokens=8, temperature=0,
+                                          tools=[WEATHER], messages=WEATHER_Q + [
+        {"role": "assistant", "content": None, "tool_calls": [{
+            "id": "call_1", "type": "function",
+            "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "sunny, 21 C"}])
+    assert resp.choices[0].finish_reason in ("stop", "length", "tool_calls")
+
+
+def test_tool_choice_naming_an_unknown_function_is_a_400(client, model_name):
+    with pytest.raises(openai.BadRequestError) as exc:
+        client.chat.completions.create(model=model_name, messages=WEATHER_Q, max_tokens=4,
+                                       tools=[WEATHER], tool_choice={
+                                           "type": "function", "function": {"name": "nope"}})
+    assert error_of(exc)["param"] == "tool_choice"
+
+
+# ---- logit_bias ----------------------------------------------------------------------------------
+def test_a_large_logit_bias_forces_its_token_greedy_and_sampled(client, model_name):
+    texts = [client.completions.create(model=model_name, prompt="Hello", max_tokens=3,
+                                       temperature=temperature, logit_bias={"28": 100},
+                                       extra_body={"ignore_eos": True}).choices[0].text
+             for temperature in (0, 0.9)]
+    piece = texts[0][:len(texts[0]) // 3]
+    assert piece and texts == [piece * 3, piece * 3]
+
+
+def test_a_logit_bias_key_outside_the_vocabulary_is_a_400(client, model_name):
+    with pytest.raises(openai.BadRequestError) as exc:
+        client.completions.create(model=model_name, prompt="Hi", max_tokens=2,
+                                  logit_bias={"999999": 5})
+    assert error_of(exc)["param"] == "logit_bias"

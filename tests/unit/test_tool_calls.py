@@ -1,0 +1,78 @@
+"""The tool-call fallback format: parsing calls back out of text, choices, history, grammar."""
+import json
+
+import pytest
+
+from server.errors import APIError
+from server.tools import calls_grammar, parse_tool_calls, parse_tools, render_messages
+
+WEATHER = {"type": "function", "function": {"name": "weather", "description": "Weather in a city",
+           "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                          "required": ["city"]}}}
+
+
+def test_a_tagged_call_is_parsed_with_its_arguments_as_json_text():
+    text, calls = parse_tool_calls('<tool_call>{"name": "weather", "arguments": {"city": "Oslo"}}</tool_call>')
+    assert text == "" and calls[0].name == "weather"
+    assert json.loads(calls[0].arguments) == {"city": "Oslo"}
+
+
+def test_two_tagged_calls_are_two_calls_with_distinct_ids():
+    one = '<tool_call>{"name": "a", "arguments": {}}</tool_call>'
+    _, calls = parse_tool_calls(one + "\n" + one.replace('"a"', '"b"'))
+    assert [c.name for c in calls] == ["a", "b"] and calls[0].id != calls[1].id
+
+
+def test_text_around_a_call_is_kept_as_content():
+    text, calls = parse_tool_calls('Let me check. <tool_call>{"name": "a", "arguments": {}}</tool_call>')
+    assert text == "Let me check." and len(calls) == 1
+
+
+def test_a_call_whose_json_does_not_parse_stays_text():
+    raw = "<tool_call>{not json}</tool_call>"
+    assert parse_tool_calls(raw) == (raw, [])
+
+
+def test_plain_text_has_no_calls():
+    assert parse_tool_calls("Hello") == ("Hello", [])
+
+
+def test_tool_choice_naming_an_unknown_function_is_a_400():
+    with pytest.raises(APIError) as exc:
+        parse_tools([WEATHER], {"type": "function", "function": {"name": "nope"}}, None)
+    assert exc.value.param == "tool_choice"
+
+
+def test_an_invalid_parameters_schema_is_a_400_naming_the_tool():
+    bad = {"type": "function", "function": {"name": "f", "parameters": {"type": "frob"}}}
+    with pytest.raises(APIError) as exc:
+        parse_tools([bad], "auto", None)
+    assert exc.value.param == "tools[0].function.parameters"
+
+
+def test_tools_without_a_choice_mean_auto_and_no_grammar():
+    use = parse_tools([WEATHER], None, None)
+    assert use.choice == "auto" and use.grammar() is None
+
+
+def test_required_constrains_to_a_tagged_call():
+    gbnf = parse_tools([WEATHER], "required", False).grammar()
+    assert gbnf.startswith('root ::= "<tool_call>" call "</tool_call>"\n')
+
+
+def test_tools_go_into_the_system_message_and_results_become_user_turns():
+    use = parse_tools([WEATHER], "auto", None)
+    msgs = render_messages([
+        {"role": "user", "content": "Weather in Oslo?"},
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"id": "c1", "type": "function",
+             "function": {"name": "weather", "arguments": '{"city": "Oslo"}'}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "sunny"}], use)
+    assert msgs[0]["role"] == "system" and "weather" in msgs[0]["content"]
+    assert '"arguments": {"city": "Oslo"}' in msgs[2]["content"]
+    assert msgs[3] == {"role": "user", "content": "<tool_response>sunny</tool_response>"}
+
+
+def test_calls_grammar_names_every_allowed_function():
+    fns = parse_tools([WEATHER], "required", None).functions
+    assert "weather" in calls_grammar(fns, parallel=True)
