@@ -7,6 +7,7 @@ import time
 from dataclasses import dataclass, field
 
 from engine.detok import TextStream
+from engine.logprobs import TokenLogprob
 from engine.sampling import Sampler, SamplingParams
 from scheduler import FinishReason, Sequence
 
@@ -20,6 +21,7 @@ class Event:
     num_tokens: int = 0
     finish_reason: FinishReason | None = None
     error: str | None = None
+    logprobs: list[TokenLogprob] | None = None   # one per token in this event, when asked
 
 
 @dataclass(eq=False)

@@ -29,6 +29,7 @@ class SamplingParams:
     ignore_eos: bool = False
     grammar: str | None = None        # GBNF: every token must keep the output in this language
     logit_bias: dict[int, float] = field(default_factory=dict)   # added to the logits first
+    logprobs: int | None = None       # None: none; k: the sampled token's and the k most likely
 
     @property
     def has_penalties(self) -> bool:

@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 
 from engine.detok import TextStream
 from engine.llama import Context, ContextConfig, Model
+from engine.logprobs import token_logprob
 from engine.request import Admit, Cancel, Event, InboxMessage, Request
 from engine.sampling import Sampler
 from engine.stats import ContextStats, StepTimes
@@ -255,8 +256,12 @@ class Worker:
             offset += chunk.end - chunk.start
             if chunk.wants_logits:
                 req = chunk.seq.owner
-                events.append(self._postprocess(req, req.sampler.sample(self.context, offset - 1),
-                                                now))
+                token = req.sampler.sample(self.context, offset - 1)
+                delivery = self._postprocess(req, token, now)
+                if req.params.logprobs is not None and token is not None:
+                    delivery[1].logprobs = [token_logprob(self.context.logits(offset - 1), token,
+                                                          req.params.logprobs, self.model.piece)]
+                events.append(delivery)
         return events
 
     def _postprocess(self, req: Request, token: int | None, now: float) -> Delivery:

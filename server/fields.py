@@ -23,11 +23,11 @@ HARMLESS = frozenset({"user", "metadata", "store", "service_tier", "safety_ident
 # OpenAI fields we know and do not implement (yet): any value other than "absent" is refused.
 UNSUPPORTED_CHAT = frozenset({
     "audio", "modalities", "prediction", "web_search_options", "functions", "function_call",
-    "logprobs", "top_logprobs", "reasoning_effort", "verbosity"})
-UNSUPPORTED_COMPLETION = frozenset({"logprobs", "suffix", "best_of"})
+    "reasoning_effort", "verbosity"})
+UNSUPPORTED_COMPLETION = frozenset({"suffix", "best_of"})
 
 # Values equal to "not asked for": sending them is the same as leaving the field out.
-_NEUTRAL: dict[str, tuple] = {"logprobs": (None, False), "best_of": (None, 1)}
+_NEUTRAL: dict[str, tuple] = {"best_of": (None, 1)}
 
 
 def unsupported(field: str, why: str = "is not supported by this server") -> APIError:

@@ -78,6 +78,8 @@ async def completions(body: CompletionRequest, http: HTTPRequest):
     else:
         prompt = list(prompt_in)
     echo = prompt_in if body.echo and isinstance(prompt_in, str) else ""
+    if body.echo and body.logprobs is not None:
+        raise unsupported("echo", "with logprobs (the prompt's logprobs) is not supported yet")
     gen = svc.generate(lm, prompt, body, body.max_tokens or 16, http,
                        grammar_for(body, lm.model.vocab))
     return await _respond(svc, gen, _format("completion", lm, body, echo))
@@ -99,8 +101,8 @@ def _format(kind: Kind, lm: LoadedModel, body: SamplingFields, echo: str = "",
 async def _respond(svc: Service, gen: Generation, fmt: OpenAIFormat):
     if fmt.stream:
         return EventSourceResponse(_stream(svc, gen, fmt), ping=15, sep="\n")
-    text, finish = await svc.collect(gen)
-    return fmt.response(text, finish, gen.req)
+    done = await svc.collect(gen)
+    return fmt.response(done.text, done.finish_reason, gen.req, done.logprobs)
 
 
 async def _stream(svc: Service, gen: Generation, fmt: OpenAIFormat) -> AsyncIterator[dict]:
@@ -115,8 +117,8 @@ async def _stream(svc: Service, gen: Generation, fmt: OpenAIFormat) -> AsyncIter
             return
         if event.text and fmt.tools:
             held.append(event.text)
-        elif event.text:
-            yield fmt.text_chunk(event.text)
+        elif event.text or event.logprobs:
+            yield fmt.text_chunk(event.text, event.logprobs)
         if event.finish_reason:
             for chunk in fmt.closing_chunks("".join(held), event.finish_reason):
                 yield chunk

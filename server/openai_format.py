@@ -8,6 +8,7 @@ from typing import Literal
 
 from engine import Request
 from scheduler import FinishReason
+from engine.logprobs import TokenLogprob
 from server.tools import parse_tool_calls
 
 Kind = Literal["chat", "completion"]
@@ -54,14 +55,15 @@ class OpenAIFormat:
         return "chat.completion.chunk" if self.chat else "text_completion"
 
     # ---- a whole response ---------------------------------------------------------------------
-    def response(self, text: str, finish: FinishReason, req: Request) -> dict:
+    def response(self, text: str, finish: FinishReason, req: Request,
+                 logprobs: list[TokenLogprob] | None = None) -> dict:
         text = self.echo + text
         if not self.chat:
             choice = {"index": 0, "text": text, "finish_reason": openai_finish(finish)}
         else:
             message, reason = self._message(text, finish)
             choice = {"index": 0, "message": message, "finish_reason": reason}
-        choice["logprobs"] = None
+        choice["logprobs"] = self._logprobs(logprobs, len(self.echo))
         return {"id": self.id, "object": self.object, "created": self.created,
                 "model": self.model, "choices": [choice], "usage": usage(req)}
 
@@ -74,14 +76,20 @@ class OpenAIFormat:
         return ({"role": "assistant", "content": text or None,
                  "tool_calls": [c.openai() for c in calls]}, "tool_calls")
 
+    def _logprobs(self, items: list[TokenLogprob] | None, offset: int = 0) -> dict | None:
+        if not items:
+            return None
+        return chat_logprobs(items) if self.chat else completion_logprobs(items, offset)
+
     # ---- a stream -----------------------------------------------------------------------------
     def opening_chunks(self) -> list[dict]:
         if self.chat:
             return [self._chunk({"role": "assistant", "content": ""}, None)]
         return [self._chunk(self.echo, None)] if self.echo else []
 
-    def text_chunk(self, text: str) -> dict:
-        return self._chunk({"content": text} if self.chat else text, None)
+    def text_chunk(self, text: str, logprobs: list[TokenLogprob] | None = None) -> dict:
+        return self._chunk({"content": text} if self.chat else text, None,
+                           self._logprobs(logprobs))
 
     def finish_chunk(self, finish: FinishReason) -> dict:
         return self._chunk({} if self.chat else "", openai_finish(finish))
@@ -106,11 +114,36 @@ class OpenAIFormat:
         return sse({"id": self.id, "object": self.chunk_object, "created": self.created,
                     "model": self.model, "choices": [], "usage": usage(req)})
 
-    def _chunk(self, delta: dict | str, finish: str | None) -> dict:
+    def _chunk(self, delta: dict | str, finish: str | None, logprobs: dict | None = None) -> dict:
         choice = ({"index": 0, "delta": delta} if self.chat else {"index": 0, "text": delta})
-        choice.update(logprobs=None, finish_reason=finish)
+        choice.update(logprobs=logprobs, finish_reason=finish)
         payload = {"id": self.id, "object": self.chunk_object, "created": self.created,
                    "model": self.model, "choices": [choice]}
         if self.include_usage:
             payload["usage"] = None
         return sse(payload)
+
+
+def _text(piece: bytes) -> str:
+    return piece.decode("utf-8", errors="replace")
+
+
+def chat_logprobs(items: list[TokenLogprob]) -> dict:
+    """OpenAI chat shape: per token its text, logprob, bytes and the top alternatives."""
+    def entry(piece: bytes, logprob: float) -> dict:
+        return {"token": _text(piece), "logprob": logprob, "bytes": list(piece)}
+    return {"content": [{**entry(t.piece, t.logprob),
+                         "top_logprobs": [entry(p, lp) for _, p, lp in t.top]} for t in items],
+            "refusal": None}
+
+
+def completion_logprobs(items: list[TokenLogprob], offset: int = 0) -> dict:
+    """OpenAI (legacy) completions shape: parallel lists and text offsets."""
+    offsets, at = [], offset
+    for t in items:
+        offsets.append(at)
+        at += len(_text(t.piece))
+    return {"tokens": [_text(t.piece) for t in items],
+            "token_logprobs": [t.logprob for t in items],
+            "top_logprobs": [{_text(p): lp for _, p, lp in t.top} for t in items],
+            "text_offset": offsets}

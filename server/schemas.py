@@ -40,6 +40,10 @@ class SamplingFields(BaseModel):
             raise ValueError("at most 16 stop strings")
         return value
 
+    def logprobs_k(self) -> int | None:
+        """How many alternatives to report with each token's logprob (None: no logprobs)."""
+        return None
+
     def stop_list(self) -> list[str]:
         if self.stop is None:
             return []
@@ -77,15 +81,27 @@ class ChatCompletionRequest(SamplingFields):
     model: str
     messages: list[ChatMessage] = Field(..., min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=20)
     tools: list[Any] | None = None          # server/tools.py checks each one
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
+
+
+    def logprobs_k(self) -> int | None:
+        if self.top_logprobs is not None and not self.logprobs:
+            raise ValueError("top_logprobs needs logprobs: true")
+        return (self.top_logprobs or 0) if self.logprobs else None
 
 
 class CompletionRequest(SamplingFields):
     model: str
     prompt: str | list[int] | list[str] | list[list[int]]
     echo: bool = False
+    logprobs: int | None = Field(None, ge=0, le=5)
+
+    def logprobs_k(self) -> int | None:
+        return self.logprobs
 
 
 class GenerateRequest(SamplingFields):

@@ -12,6 +12,7 @@ from fastapi import Request as HTTPRequest
 from engine import (ChatTemplate, ChatTemplateError, Event, Model, Observer, QueueFull, Request,
                     SamplingParams, Worker)
 from engine.gguf_info import gguf_facts
+from engine.logprobs import TokenLogprob
 from scheduler import FinishReason
 from scheduler.router import pick_replica
 from server.config import ModelSpec, Settings
@@ -48,6 +49,13 @@ class Generation:
     worker: Worker
     req: Request
     http: HTTPRequest
+
+
+@dataclass
+class Collected:
+    text: str
+    finish_reason: FinishReason
+    logprobs: list[TokenLogprob]
 
 
 class Service:
@@ -118,18 +126,19 @@ class Service:
         worker, req = self.submit(lm, prompt, body, max_tokens, grammar)
         return Generation(lm, worker, req, http)
 
-    async def collect(self, gen: Generation) -> tuple[str, FinishReason]:
-        """Run a request to its end, not streamed: its whole text and finish reason. Raises
-        APIError 500 on an engine error and 499 if the client went away."""
-        parts, finish = [], None
+    async def collect(self, gen: Generation) -> Collected:
+        """Run a request to its end, not streamed: its whole text, finish reason and logprobs
+        (when asked). Raises APIError 500 on an engine error and 499 if the client went away."""
+        parts, finish, logprobs = [], None, []
         async for event in self.events(gen.worker, gen.req, gen.http, poll_disconnect=True):
             if event.error:
                 raise APIError(500, event.error, "engine_error")
             parts.append(event.text)
+            logprobs += event.logprobs or []
             finish = event.finish_reason
         if finish is None:   # client went away
             raise APIError(499, "client disconnected", "client_disconnected")
-        return "".join(parts), finish
+        return Collected("".join(parts), finish, logprobs)
 
     def submit(self, lm: LoadedModel, prompt: list[int], body: SamplingFields,
                max_tokens: int | None, grammar: str | None = None) -> tuple[Worker, Request]:
@@ -171,7 +180,14 @@ class Service:
             presence_penalty=pick("presence_penalty", 0.0),
             frequency_penalty=pick("frequency_penalty", 0.0),
             stop=body.stop_list(), ignore_eos=body.ignore_eos,
-            logit_bias=self._logit_bias(lm, body.logit_bias))
+            logit_bias=self._logit_bias(lm, body.logit_bias), logprobs=self._logprobs(body))
+
+    @staticmethod
+    def _logprobs(body: SamplingFields) -> int | None:
+        try:
+            return body.logprobs_k()
+        except ValueError as exc:
+            raise APIError(400, str(exc), "invalid_value", "top_logprobs") from exc
 
     @staticmethod
     def _logit_bias(lm: LoadedModel, bias: dict[str, float] | None) -> dict[int, float]:

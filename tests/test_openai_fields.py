@@ -26,8 +26,8 @@ def error_of(exc) -> dict:
 # ---- never fail open ---------------------------------------------------------------------------
 @pytest.mark.parametrize("field,value", [
     ("audio", {"voice": "alloy", "format": "mp3"}), ("modalities", ["text", "audio"]),
-    ("prediction", {"type": "content", "content": "x"}), ("logprobs", True),
-    ("top_logprobs", 2), ("reasoning_effort", "low"),
+    ("prediction", {"type": "content", "content": "x"}), ("verbosity", "low"),
+    ("reasoning_effort", "low"),
     ("n", 2), ("guided_json", {"type": "object"})])
 def test_a_field_we_do_not_implement_is_a_400_naming_it(client, model_name, field, value):
     with pytest.raises(openai.BadRequestError) as exc:
@@ -49,10 +49,11 @@ def test_an_image_content_part_is_a_400_naming_messages(client, model_name):
     assert error_of(exc)["code"] == "unsupported_parameter" and error_of(exc)["param"] == "messages"
 
 
-def test_completions_logprobs_is_a_400(client, model_name):
+def test_completions_echo_with_logprobs_is_a_400(client, model_name):
     with pytest.raises(openai.BadRequestError) as exc:
-        client.completions.create(model=model_name, prompt="Hi", max_tokens=2, logprobs=2)
-    assert error_of(exc)["param"] == "logprobs"
+        client.completions.create(model=model_name, prompt="Hi", max_tokens=2, logprobs=2,
+                                  echo=True)
+    assert error_of(exc)["param"] == "echo"
 
 
 # ---- structured output ---------------------------------------------------------------------------
@@ -180,3 +181,39 @@ def test_a_logit_bias_key_outside_the_vocabulary_is_a_400(client, model_name):
         client.completions.create(model=model_name, prompt="Hi", max_tokens=2,
                                   logit_bias={"999999": 5})
     assert error_of(exc)["param"] == "logit_bias"
+
+
+# ---- logprobs ------------------------------------------------------------------------------------
+def test_chat_logprobs_give_each_token_and_its_top_alternatives(client, model_name):
+    resp = ask(client, model_name, max_tokens=4, logprobs=True, top_logprobs=3,
+               extra_body={"ignore_eos": True})
+    content = resp.choices[0].logprobs.content
+    assert len(content) == 4
+    for t in content:
+        assert t.logprob <= 0 and len(t.top_logprobs) == 3
+        assert t.top_logprobs[0].logprob >= t.logprob   # greedy: the chosen one is the best
+    assert "".join(t.token for t in content) == resp.choices[0].message.content
+
+
+def test_streamed_chat_logprobs_cover_every_token(client, model_name):
+    stream = client.chat.completions.create(
+        model=model_name, messages=[{"role": "user", "content": "Hi"}], max_tokens=5,
+        temperature=0, stream=True, logprobs=True, extra_body={"ignore_eos": True})
+    n = sum(len(c.choices[0].logprobs.content) for c in stream
+            if c.choices and c.choices[0].logprobs)
+    assert n == 5
+
+
+def test_completions_logprobs_are_parallel_lists(client, model_name):
+    resp = client.completions.create(model=model_name, prompt="The sky is", max_tokens=3,
+                                     temperature=0, logprobs=2, extra_body={"ignore_eos": True})
+    lp = resp.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == 3
+    assert "".join(lp.tokens) == resp.choices[0].text and lp.text_offset[0] == 0
+
+
+def test_top_logprobs_above_20_is_a_400(server_url, model_name):
+    resp = httpx.post(f"{server_url}/v1/chat/completions", json={
+        "model": model_name, "messages": [{"role": "user", "content": "hi"}],
+        "logprobs": True, "top_logprobs": 21})
+    assert resp.status_code == 400 and resp.json()["error"]["param"] == "top_logprobs"
