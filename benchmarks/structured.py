@@ -1,7 +1,7 @@
 """Structured output cost and correctness (issue 13).
 
 1. Throughput: the same chat requests at 16 concurrent, constrained by a JSON schema
-   (response_format json_schema) and unconstrained; output tok/s of each and their ratio.
+   (response_format json_schema), unconstrained, and with logprobs; output tok/s and ratios.
 2. Correctness: N requests over varied schemas (sampled, temperature 0.8); how many parse and
    validate, and how many were cut by max_tokens.
 
@@ -88,6 +88,11 @@ async def main(args) -> None:
         a, b = tok_s(free, t_free), tok_s(con, t_con)
         print(f"16 concurrent, {n} requests: unconstrained {a:.1f} tok/s, json_schema {b:.1f} "
               f"tok/s, ratio {b / a:.2f}x (target >= 0.8x)")
+        lp_bodies = [{**body(model, i, None, 48, 0.8), "logprobs": True, "top_logprobs": 5}
+                     for i in range(n)]
+        lp, t_lp = await run_all(url, lp_bodies, 16)
+        print(f"16 concurrent, {n} requests with logprobs (top 5): {tok_s(lp, t_lp):.1f} tok/s, "
+              f"ratio {tok_s(lp, t_lp) / a:.2f}x (target >= 0.9x)")
         print(f"  completion tokens: unconstrained {sum(r['usage']['completion_tokens'] for r in free)}, "
               f"constrained {sum(r['usage']['completion_tokens'] for r in con)}")
         m = args.schema_requests
