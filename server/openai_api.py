@@ -111,7 +111,7 @@ async def _stream(svc: Service, gen: Generation, fmt: OpenAIFormat) -> AsyncIter
     for chunk in fmt.opening_chunks():
         yield chunk
     held = []
-    async for event in svc.events(gen.worker, gen.req, gen.http):
+    async for event in svc.stream(gen):
         if event.error:
             yield sse(error_body(500, event.error, "engine_error"))
             return

@@ -126,6 +126,10 @@ class Service:
         worker, req = self.submit(lm, prompt, body, max_tokens, grammar)
         return Generation(lm, worker, req, http)
 
+    def stream(self, gen: Generation) -> AsyncIterator[Event]:
+        """A request's engine events as they come (text pieces, then the finish reason)."""
+        return self.events(gen.worker, gen.req, gen.http)
+
     async def collect(self, gen: Generation) -> Collected:
         """Run a request to its end, not streamed: its whole text, finish reason and logprobs
         (when asked). Raises APIError 500 on an engine error and 499 if the client went away."""

@@ -27,5 +27,5 @@ def test_with_structured_output_returns_a_valid_object(server_url, model_name, m
 def test_with_structured_output_json_mode_returns_a_dict(server_url, model_name):
     schema = Person.model_json_schema()
     out = llm(server_url, model_name).with_structured_output(schema, method="json_mode").invoke(
-        "Invent a person; answer in JSON.")
+        'Repeat exactly: {"name": "Ann", "age": 30}')
     assert isinstance(out, dict)

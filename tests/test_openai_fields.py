@@ -58,7 +58,9 @@ def test_completions_echo_with_logprobs_is_a_400(client, model_name):
 
 # ---- structured output ---------------------------------------------------------------------------
 def test_json_object_output_parses(client, model_name):
-    resp = ask(client, model_name, response_format={"type": "json_object"}, max_tokens=96)
+    resp = client.chat.completions.create(
+        model=model_name, temperature=0, max_tokens=64, response_format={"type": "json_object"},
+        messages=[{"role": "user", "content": 'Repeat exactly: {"answer": "yes"}'}])
     assert resp.choices[0].finish_reason == "stop"
     assert isinstance(json.loads(resp.choices[0].message.content), dict)
 
