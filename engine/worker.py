@@ -8,6 +8,9 @@ new text to each request's asyncio queue with one loop.call_soon_threadsafe per 
 event loop never calls llama.cpp, and reads only what the worker publishes (ContextStats, the
 set of cached block hashes), never the scheduler's or block manager's live structures.
 Between steps the thread governor may change the context's thread count (engine/threads.py).
+A request with a grammar samples through its mask (engine/grammar.py), greedy included; when the
+grammar allows no token the request finishes with "stop" and a warning. Logprobs are computed
+here, only for requests that ask, from the logits the sampler saw.
 """
 from __future__ import annotations
 
