@@ -59,3 +59,14 @@ def test_harmless_fields_are_accepted():
 
 def test_a_neutral_value_of_an_unsupported_field_is_accepted():
     check_fields(chat(logprobs=False, best_of=None), UNSUPPORTED_CHAT)
+
+
+def test_a_keyword_the_grammar_cannot_enforce_is_a_400_naming_it_and_where():
+    schema = {"type": "object", "properties": {"n": {"type": "integer", "maximum": 9}}}
+    with pytest.raises(APIError) as exc:
+        compile_schema(schema, "json_schema")
+    assert "'maximum' at #/properties/n" in exc.value.message
+
+
+def test_a_property_named_like_a_keyword_is_not_mistaken_for_one():
+    compile_schema({"type": "object", "properties": {"minimum": {"type": "integer"}}}, "json_schema")
