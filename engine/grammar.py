@@ -45,17 +45,35 @@ class Grammar:
         self.pointer = self.data.ctypes.data_as(ctypes.POINTER(C.llama_token_data))
         self.array = C.llama_token_data_array(data=self.pointer, size=n_vocab, selected=-1,
                                               sorted=False)
+        self._one = np.zeros(1, dtype=_TOKEN_DATA)
+        self._one_array = C.llama_token_data_array(
+            data=self._one.ctypes.data_as(ctypes.POINTER(C.llama_token_data)), size=1,
+            selected=-1, sorted=False)
 
-    def mask(self, logits: np.ndarray) -> C.llama_token_data_array | None:
-        """The candidates with disallowed tokens at -inf, or None when nothing is allowed."""
+    def candidates(self, logits: np.ndarray) -> C.llama_token_data_array:
+        """All tokens with these logits, unmasked (for a sampler chain to choose from)."""
         d = self.data
         d["id"], d["logit"], d["p"] = self.ids, logits, 0.0
         a = self.array   # a sampler chain may have sorted or cut it last time: start afresh
         a.data, a.size, a.selected, a.sorted = self.pointer, self.n_vocab, -1, False
-        C.llama_sampler_apply(self.ptr, ctypes.byref(self.array))
-        if not np.isfinite(d["logit"]).any():
+        return a
+
+    def mask(self, logits: np.ndarray) -> C.llama_token_data_array | None:
+        """The candidates with disallowed tokens at -inf, or None when nothing is allowed."""
+        a = self.candidates(logits)
+        C.llama_sampler_apply(self.ptr, ctypes.byref(a))
+        if not np.isfinite(self.data["logit"]).any():
             return None
-        return self.array
+        return a
+
+    def allows(self, token: int) -> bool:
+        """Whether the grammar accepts this token next: one candidate instead of the whole
+        vocabulary (llama.cpp's common sampler checks the unconstrained choice the same way)."""
+        one = self._one
+        one[0] = (token, 0.0, 0.0)
+        self._one_array.size, self._one_array.selected, self._one_array.sorted = 1, -1, False
+        C.llama_sampler_apply(self.ptr, ctypes.byref(self._one_array))
+        return bool(np.isfinite(one["logit"][0]))
 
     def best(self) -> int:
         """Greedy over the last mask."""

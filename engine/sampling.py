@@ -77,19 +77,33 @@ class Sampler:
         return C.llama_sampler_sample(self.chain, context.ptr, batch_index)
 
     def _sample_constrained(self, logits) -> int | None:
-        """Mask first, then the same choice as unconstrained: argmax, or the chain on the
-        masked candidates (apply + accept is what llama_sampler_sample does inside)."""
-        candidates = self.grammar.mask(logits)
-        if candidates is None:
-            return None
+        """Choose as if unconstrained; if the grammar allows that token (checked on it alone),
+        keep it. Otherwise mask the whole vocabulary and choose again among allowed tokens.
+        Greedy: exactly the argmax of the masked logits. Sampled: the first draw kept when
+        allowed, else a draw from the masked distribution (which is the masked distribution
+        overall; only the top-k/top-p cut-offs are taken over all tokens on the first draw)."""
+        g = self.grammar
         if self.greedy:
-            token = self.grammar.best()
+            token = int(logits.argmax())
+            if not g.allows(token):
+                if g.mask(logits) is None:
+                    return None
+                token = g.best()
         else:
-            C.llama_sampler_apply(self.chain, ctypes.byref(candidates))
-            token = int(candidates.data[candidates.selected].id)
+            token = self._draw(g.candidates(logits))
+            if not g.allows(token):
+                masked = g.mask(logits)
+                if masked is None:
+                    return None
+                token = self._draw(masked)
             C.llama_sampler_accept(self.chain, token)
-        self.grammar.accept(token)
+        g.accept(token)
         return token
+
+    def _draw(self, candidates) -> int:
+        """The chain's choice among these candidates (apply without accept)."""
+        C.llama_sampler_apply(self.chain, ctypes.byref(candidates))
+        return int(candidates.data[candidates.selected].id)
 
     def close(self) -> None:
         if self.chain is not None:
