@@ -309,6 +309,38 @@ def test_split_kv_holder_moves_to_the_highest_free_seq_id():
     assert manager.owned == {3: 2} and manager.open(tokens, 9, 11).seq_id == 0
 
 
+def test_split_kv_sequence_can_grow_into_every_block_counted_free():
+    """B computes the head block A cached at the same time, and caches its next block below
+    A's. Once A ends, everything counted free (the head included) must be B's to take."""
+    manager, kv = make(num_blocks=5, seq_ids=4, prefill_chunk=2 * BS, share_cells=False)
+    head = [1, 2, 3, 4]
+    a_tokens, b_tokens = head + [10, 11, 12, 13, 14], head + [20, 21, 22, 23, 24]
+    a, b = manager.open(a_tokens, 8, 10), manager.open(b_tokens, 8, 10)
+    compute(manager, kv, a, a_tokens, 0, 8)
+    compute(manager, kv, b, b_tokens, 0, 8)
+    manager.free(a)
+    kv.apply(manager.take_ops())
+    assert manager.ensure(b, (len(b.blocks) + manager.num_free_blocks) * BS)
+    manager.check_invariants()
+
+
+def test_restored_split_kv_sequence_can_grow_into_every_block_counted_free():
+    """A swapped-out sequence comes back over its own cached blocks and caches more below them."""
+    manager, kv = make(num_blocks=8, share_cells=False)
+    tokens = list(range(9))
+    a = manager.open(tokens, 8, 10)
+    compute(manager, kv, a, tokens, 0, 9)
+    key = manager.save(a)
+    manager.free(a)
+    kv.apply(manager.take_ops())
+    b = manager.open_for_restore(key, tokens, 10)
+    kv.apply(manager.take_ops())
+    tokens += [100, 101, 102]
+    compute(manager, kv, b, tokens, 9, 12)
+    assert manager.ensure(b, (len(b.blocks) + manager.num_free_blocks) * BS)
+    manager.check_invariants()
+
+
 def test_everything_returns_after_all_sequences_end():
     manager, kv = make()
     for salt in range(5):
