@@ -201,11 +201,13 @@ class Scheduler:
         return seq.status is Status.RUNNING
 
     def _open(self, seq: Sequence) -> bool:
+        """Open seq if blocks for all its tokens and one more fit beside what each running
+        sequence was promised on the same terms: then its next chunk never preempts anyone."""
         promised = sum(self.manager.blocks_for(len(s.tokens) + 1) - len(s.alloc.blocks)
                        for s in self.running)
         if seq.saved_key is not None:
             alloc = self.manager.open_for_restore(seq.saved_key, seq.tokens[:seq.num_computed],
-                                                  seq.num_computed + 1, extra_blocks=promised)
+                                                  len(seq.tokens) + 1, extra_blocks=promised)
             if alloc is None:
                 return False
             seq.saved_key, seq.alloc = None, alloc

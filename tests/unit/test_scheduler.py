@@ -301,3 +301,12 @@ def test_a_step_never_readmits_a_sequence_it_preempted():
         saved = {op.key for op in plan.ops if isinstance(op, SaveOp)}
         assert not saved & {op.key for op in plan.ops if isinstance(op, RestoreOp)}
 
+
+def test_a_swapped_out_sequence_comes_back_only_with_room_for_the_rest_of_its_prompt():
+    for plan in swapped_mid_prompt(*split_kv_under_pressure()):
+        restored = set()
+        for op in plan.ops:
+            if isinstance(op, RestoreOp):
+                restored.add(op.seq)
+            elif isinstance(op, SaveOp):
+                assert op.seq not in restored, "restored, then swapped out again"
