@@ -9,9 +9,10 @@ BS = 4
 
 
 def make(num_blocks=16, seq_ids=8, caching=True, prefill_chunk=BS, share_cells=True):
+    streams = 1 if share_cells else seq_ids     # split KV: cells of their own for each seq id
     return (BlockManager(num_blocks, block_size=BS, num_seq_ids=seq_ids, prefix_caching=caching,
                          prefill_chunk=prefill_chunk, share_cells=share_cells),
-            FakeKV(num_blocks * BS))
+            FakeKV(num_blocks * BS * streams))
 
 
 def compute(manager, kv, alloc, tokens, start, end):
@@ -199,7 +200,8 @@ def test_each_saved_state_gets_its_own_key():
 
 
 class ManagerMachine(RuleBasedStateMachine):
-    """Random interleavings of open / compute / fork (shared prefix) / finish / evict."""
+    """Random interleavings of open / compute / fork (shared prefix) / swap out and back in /
+    grow into every free block / finish / evict."""
     share_cells = True
 
     def __init__(self):
@@ -241,6 +243,32 @@ class ManagerMachine(RuleBasedStateMachine):
 
     @precondition(lambda self: self.live)
     @rule(i=st.integers(0, 10))
+    def swap_out_and_back_in(self, i):
+        """Preemption by swap: save the state, free the sequence, restore it in a new one."""
+        entry = self.live[i % len(self.live)]
+        alloc, tokens, done = entry
+        key = self.manager.save(alloc)
+        self.manager.free(alloc)
+        self.kv.apply(self.manager.take_ops())
+        restored = self.manager.open_for_restore(key, tokens[:done], len(tokens) + 1)
+        if restored is None:
+            self.manager.drop_saved(key)
+            self.live.remove(entry)
+        else:
+            entry[0] = restored
+        self.kv.apply(self.manager.take_ops())
+
+    @precondition(lambda self: self.live)
+    @rule(i=st.integers(0, 10))
+    def grow_into_every_free_block(self, i):
+        """Whatever num_free_blocks counts, a sequence can get (evicting as it must)."""
+        alloc = self.live[i % len(self.live)][0]
+        assert self.manager.ensure(alloc, (len(alloc.blocks) + self.manager.num_free_blocks) * BS)
+        assert self.manager.num_free_blocks == 0
+        self.kv.apply(self.manager.take_ops())
+
+    @precondition(lambda self: self.live)
+    @rule(i=st.integers(0, 10))
     def finish(self, i):
         alloc, _, _ = self.live.pop(i % len(self.live))
         self.manager.free(alloc)
@@ -263,6 +291,19 @@ class ManagerMachine(RuleBasedStateMachine):
         assert m.num_free_blocks + m.num_used_blocks == m.num_blocks
         if self.share_cells:   # (split KV streams have their own cells per seq id instead)
             assert self.kv.used_cells <= (m.num_blocks - len(m.free_list)) * BS
+
+    @invariant()
+    def every_evictable_block_can_be_evicted_now(self):
+        """Only leaves are evicted: an evictable ancestor of a referenced block could not be,
+        yet num_free_blocks would count it."""
+        stuck = set()
+        for block in self.manager.cache.values():
+            parent = block.parent if block.ref_count else None
+            while parent is not None:
+                if not parent.ref_count:
+                    stuck.add(parent.id)
+                parent = parent.parent
+        assert not stuck
 
     @invariant()
     def every_live_sequence_sees_its_own_tokens(self):
