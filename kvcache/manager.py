@@ -5,7 +5,9 @@ block table. With prefix caching on, every full block a sequence computes is reg
 chain hash, owned by that sequence's seq id. When the sequence ends, the seq id stays alive as a
 *holder* of the cells of the cached blocks it owns (its uncached tail is removed), until LRU
 eviction removes them: a holder's cells cover [0, end of its last owned block), because cached
-blocks form chains and a chain's ancestors are evicted only after its descendants (leaves first).
+blocks form chains and a chain's ancestors are evicted only after its descendants (leaves first);
+evicting a holder's block trims its cells back to the end of the nearest ancestor it owns, since
+the blocks between (shared from another seq id, or twins swapped for its own) are not its to keep.
 Eviction takes the least recently released leaf from a LeafQueue kept in that order as blocks are
 released, referenced again and gain or lose cached children: O(1) amortised, where scanning every
 unreferenced block for the first leaf cost up to 1.4 ms at 100k cached blocks (benchmarks.evict).
@@ -349,7 +351,7 @@ class BlockManager:
         del self.evictable[leaf.id]
         del self.cache[leaf.hash]
         owner, bs = leaf.owner, self.block_size
-        self._ops.append(RemoveOp(owner, leaf.index * bs, (leaf.index + 1) * bs))
+        self._ops.append(RemoveOp(owner, self._kept_cells(leaf), (leaf.index + 1) * bs))
         parent = leaf.parent
         if parent is not None:
             parent.n_children -= 1
@@ -362,6 +364,17 @@ class BlockManager:
                 self._release_seq_id(owner)
         leaf.reset()
         self.free_list.append(leaf)
+
+    def _kept_cells(self, leaf: Block) -> int:
+        """Where the owner's cells end once leaf is evicted: after the nearest ancestor it owns
+        too. Blocks between them are another seq id's (shared from it, or a twin swapped for
+        it), and their cells in this one would outlive their eviction."""
+        if self.owned[leaf.owner] == 1 and leaf.owner not in self.live:
+            return 0                    # its last block: the seq id is released, cells and all
+        block = leaf.parent
+        while block is not None and block.owner != leaf.owner:
+            block = block.parent
+        return 0 if block is None else (block.index + 1) * self.block_size
 
     def _acquire_seq_id(self) -> int | None:
         while not self.free_seq_ids:

@@ -306,6 +306,14 @@ class ManagerMachine(RuleBasedStateMachine):
         assert not stuck
 
     @invariant()
+    def every_holder_keeps_the_cells_up_to_its_last_block_and_no_more(self):
+        m, ends = self.manager, {}
+        for block in m.cache.values():
+            ends[block.owner] = max(ends.get(block.owner, 0), (block.index + 1) * BS)
+        for seq_id in set(self.kv.seqs) - m.live:
+            assert sorted(self.kv.seqs[seq_id]) == list(range(ends.get(seq_id, 0)))
+
+    @invariant()
     def every_live_sequence_sees_its_own_tokens(self):
         for alloc, tokens, done in self.live:
             assert self.kv.read(alloc.seq_id) == [tuple(tokens[:p + 1]) for p in range(done)]
@@ -380,6 +388,24 @@ def test_restored_split_kv_sequence_can_grow_into_every_block_counted_free():
     compute(manager, kv, b, tokens, 9, 12)
     assert manager.ensure(b, (len(b.blocks) + manager.num_free_blocks) * BS)
     manager.check_invariants()
+
+
+def test_evicting_a_chain_leaves_each_holder_the_cells_of_its_own_blocks_only():
+    """H caches blocks 0 and 2 of a chain, X block 1 (which H computed too, and swapped for X's):
+    once blocks 2 and 1 are evicted, H holds the cells of block 0 and nothing more."""
+    manager, kv = make()
+    tokens = list(range(13))
+    h, x = manager.open(tokens, 12, 14), manager.open(tokens, 12, 14)
+    compute(manager, kv, h, tokens, 0, 4)
+    compute(manager, kv, x, tokens, 0, 8)
+    compute(manager, kv, h, tokens, 4, 13)
+    manager.free(x)
+    manager.free(h)
+    manager._evict_one()
+    manager._evict_one()
+    kv.apply(manager.take_ops())
+    assert manager.num_cached_blocks == 1 and kv.used_cells == BS
+    assert sorted(kv.seqs[h.seq_id]) == list(range(BS))
 
 
 def test_everything_returns_after_all_sequences_end():
