@@ -5,7 +5,9 @@ block table. With prefix caching on, every full block a sequence computes is reg
 chain hash, owned by that sequence's seq id. When the sequence ends, the seq id stays alive as a
 *holder* of the cells of the cached blocks it owns (its uncached tail is removed), until LRU
 eviction removes them: a holder's cells cover [0, end of its last owned block), because cached
-blocks form chains and a chain's ancestors are evicted only after its descendants (leaves first).
+blocks form chains and a chain's ancestors are evicted only after its descendants (leaves first);
+evicting a holder's block trims its cells back to the end of the nearest ancestor it owns, since
+the blocks between (shared from another seq id, or twins swapped for its own) are not its to keep.
 Eviction takes the least recently released leaf from a LeafQueue kept in that order as blocks are
 released, referenced again and gain or lose cached children: O(1) amortised, where scanning every
 unreferenced block for the first leaf cost up to 1.4 ms at 100k cached blocks (benchmarks.evict).
@@ -17,6 +19,15 @@ moves its cached blocks to the highest free seq id, so running sequences keep lo
 ids (llama.cpp batches only consecutive seq ids of split streams into one ubatch). Reuse stops on
 a multiple of `prefill_chunk`, so that a cached prompt is computed in exactly the same pieces as a
 cold one.
+
+A live sequence's block table is one cached chain (each cached block's parent is the block before
+it) followed by uncached blocks. A block computed twice at once, or restored over its own cached
+copy after a swap, is swapped for the cached twin, with split KV too (there the sequence's own
+stream already holds the same values, so no KV op is needed; the shared block is counted once, as
+a prefix hit is). Keeping the table one chain keeps this invariant: every cached ancestor of a
+referenced block is referenced, so an evictable block has only evictable descendants and can be
+evicted now (leaves first). That makes `num_free_blocks` (free + evictable) exactly what `ensure`
+can deliver, and `open`/`ensure` all or nothing.
 
 Invariant: cells llama.cpp uses <= cells of the blocks counted as used here.
 """
@@ -64,7 +75,8 @@ class BlockManager:
 
     @property
     def num_free_blocks(self) -> int:
-        """Blocks a sequence can get now: never-used ones plus evictable cached ones."""
+        """Blocks a sequence can get now: never-used ones plus evictable cached ones (each can
+        be evicted now: its cached descendants are evictable too, see the module docstring)."""
         return len(self.free_list) + len(self.evictable)
 
     @property
@@ -143,7 +155,8 @@ class BlockManager:
         another sequence computed since this one opened). Returns the number of tokens gained."""
         start = len(alloc.blocks)
         if (not self.prefix_caching or start * self.block_size != num_computed
-                or num_computed % self.prefill_chunk):
+                or num_computed % self.prefill_chunk
+                or (start and alloc.blocks[-1].hash is None)):   # the table's chain ended
             return 0
         hit = self._match(alloc.hashes, tokens, start, max_reuse)
         self._share(alloc, hit)
@@ -239,17 +252,20 @@ class BlockManager:
         return True
 
     def _meet_twin(self, alloc: SeqAlloc, i: int, twin: Block, block_tokens: tuple) -> bool:
-        """Block i was computed twice at once: in a unified cache swap it for the cached twin;
-        with split KV keep the own copy (cells cannot be shared across streams) and go on."""
+        """Block i was computed twice at once (or restored over its cached copy): swap it for the
+        cached twin, so that the blocks registered after it hang below a block this sequence
+        references (a twin it did not reference could be released while they are not)."""
         if twin.tokens != block_tokens:
             return False    # a hash collision: leave the rest of this sequence uncached
-        if self.share_cells:
-            self._swap_for_twin(alloc, i, twin)
+        self._swap_for_twin(alloc, i, twin)
         return True
 
     def _swap_for_twin(self, alloc: SeqAlloc, i: int, twin: Block) -> None:
-        p0, p1 = i * self.block_size, (i + 1) * self.block_size
-        self._ops += [RemoveOp(alloc.seq_id, p0, p1), CopyOp(twin.owner, alloc.seq_id, p0, p1)]
+        """A unified cache shares the twin's cells; a split KV stream keeps its own copy of them."""
+        if self.share_cells:
+            p0, p1 = i * self.block_size, (i + 1) * self.block_size
+            self._ops += [RemoveOp(alloc.seq_id, p0, p1),
+                          CopyOp(twin.owner, alloc.seq_id, p0, p1)]
         self._ref(twin)
         block, alloc.blocks[i] = alloc.blocks[i], twin
         block.reset()
@@ -335,7 +351,7 @@ class BlockManager:
         del self.evictable[leaf.id]
         del self.cache[leaf.hash]
         owner, bs = leaf.owner, self.block_size
-        self._ops.append(RemoveOp(owner, leaf.index * bs, (leaf.index + 1) * bs))
+        self._ops.append(RemoveOp(owner, self._kept_cells(leaf), (leaf.index + 1) * bs))
         parent = leaf.parent
         if parent is not None:
             parent.n_children -= 1
@@ -348,6 +364,17 @@ class BlockManager:
                 self._release_seq_id(owner)
         leaf.reset()
         self.free_list.append(leaf)
+
+    def _kept_cells(self, leaf: Block) -> int:
+        """Where the owner's cells end once leaf is evicted: after the nearest ancestor it owns
+        too. Blocks between them are another seq id's (shared from it, or a twin swapped for
+        it), and their cells in this one would outlive their eviction."""
+        if self.owned[leaf.owner] == 1 and leaf.owner not in self.live:
+            return 0                    # its last block: the seq id is released, cells and all
+        block = leaf.parent
+        while block is not None and block.owner != leaf.owner:
+            block = block.parent
+        return 0 if block is None else (block.index + 1) * self.block_size
 
     def _acquire_seq_id(self) -> int | None:
         while not self.free_seq_ids:
@@ -370,6 +397,9 @@ class BlockManager:
         assert all(b.ref_count == 0 and b.hash is None for b in self.free_list)
         assert all(b.ref_count == 0 and b.hash is not None for b in self.evictable.values())
         assert all(self.cache[b.hash] is b for b in self.evictable.values())
+        # every cached ancestor of a referenced block is referenced: evictable blocks can go now
+        assert all(b.parent is None or b.parent.ref_count for b in self.cache.values()
+                   if b.ref_count)
         self._check_leaves()
         for h, block in self.cache.items():
             assert block.hash == h and block.owner is not None

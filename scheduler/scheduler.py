@@ -36,6 +36,7 @@ class Chunk:
 class StepPlan:
     chunks: list[Chunk] = field(default_factory=list)
     ops: list[KVOp] = field(default_factory=list)
+    preempted: list[Sequence] = field(default_factory=list)   # taken off the context this step
 
     @property
     def num_tokens(self) -> int:
@@ -164,29 +165,49 @@ class Scheduler:
         return True
 
     def _admit(self, plan: StepPlan) -> None:
+        """Start waiting sequences in policy order while slots, seq ids, blocks and budget last.
+        Each round admits one sequence, preempts one, or ends admission for this step: a sequence
+        preempted in this step waits for the next, and so does everything behind a sequence
+        that was admitted but then found no room to run."""
         self.waiting.sort(key=self.policy.key)
         while self.waiting and plan.num_tokens < self.max_batch_tokens:
             seq = self.waiting[0]
-            if len(self.running) >= self.max_seqs or not self._open(seq):
-                victim = max(self.running, key=self.policy.key) if self.running else None
-                if victim is not None and self.policy.preempts_for(seq, victim):
-                    self._preempt(victim, plan)
-                    continue
+            if seq in plan.preempted:
                 return
+            if len(self.running) >= self.max_seqs or not self._open(seq):
+                if not self._preempt_for(seq, plan):
+                    return
+                continue
             self.waiting.pop(0)
-            seq.status = Status.RUNNING
-            self.running.append(seq)
-            if seq.is_decoding:
-                self._plan(seq, 1, plan)
-            else:
-                self._plan_prefill(seq, plan)
+            if not self._start(seq, plan):
+                return
+
+    def _preempt_for(self, seq: Sequence, plan: StepPlan) -> bool:
+        """Preempt the policy's victim so that seq may start; False when the policy says no."""
+        victim = max(self.running, key=self.policy.key) if self.running else None
+        if victim is None or not self.policy.preempts_for(seq, victim):
+            return False
+        self._preempt(victim, plan)
+        return True
+
+    def _start(self, seq: Sequence, plan: StepPlan) -> bool:
+        """Run an admitted sequence. False when planning it preempted it again."""
+        seq.status = Status.RUNNING
+        self.running.append(seq)
+        if seq.is_decoding:
+            self._plan(seq, 1, plan)
+        else:
+            self._plan_prefill(seq, plan)
+        return seq.status is Status.RUNNING
 
     def _open(self, seq: Sequence) -> bool:
+        """Open seq if blocks for all its tokens and one more fit beside what each running
+        sequence was promised on the same terms: then its next chunk never preempts anyone."""
         promised = sum(self.manager.blocks_for(len(s.tokens) + 1) - len(s.alloc.blocks)
                        for s in self.running)
         if seq.saved_key is not None:
             alloc = self.manager.open_for_restore(seq.saved_key, seq.tokens[:seq.num_computed],
-                                                  seq.num_computed + 1, extra_blocks=promised)
+                                                  len(seq.tokens) + 1, extra_blocks=promised)
             if alloc is None:
                 return False
             seq.saved_key, seq.alloc = None, alloc
@@ -217,6 +238,7 @@ class Scheduler:
         seq.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.append(seq)
+        plan.preempted.append(seq)
 
     def _release_claims(self, claims: list[int], seq: Sequence) -> None:
         for h in claims:

@@ -9,9 +9,10 @@ BS = 4
 
 
 def make(num_blocks=16, seq_ids=8, caching=True, prefill_chunk=BS, share_cells=True):
+    streams = 1 if share_cells else seq_ids     # split KV: cells of their own for each seq id
     return (BlockManager(num_blocks, block_size=BS, num_seq_ids=seq_ids, prefix_caching=caching,
                          prefill_chunk=prefill_chunk, share_cells=share_cells),
-            FakeKV(num_blocks * BS))
+            FakeKV(num_blocks * BS * streams))
 
 
 def compute(manager, kv, alloc, tokens, start, end):
@@ -199,7 +200,8 @@ def test_each_saved_state_gets_its_own_key():
 
 
 class ManagerMachine(RuleBasedStateMachine):
-    """Random interleavings of open / compute / fork (shared prefix) / finish / evict."""
+    """Random interleavings of open / compute / fork (shared prefix) / swap out and back in /
+    grow into every free block / finish / evict."""
     share_cells = True
 
     def __init__(self):
@@ -241,6 +243,32 @@ class ManagerMachine(RuleBasedStateMachine):
 
     @precondition(lambda self: self.live)
     @rule(i=st.integers(0, 10))
+    def swap_out_and_back_in(self, i):
+        """Preemption by swap: save the state, free the sequence, restore it in a new one."""
+        entry = self.live[i % len(self.live)]
+        alloc, tokens, done = entry
+        key = self.manager.save(alloc)
+        self.manager.free(alloc)
+        self.kv.apply(self.manager.take_ops())
+        restored = self.manager.open_for_restore(key, tokens[:done], len(tokens) + 1)
+        if restored is None:
+            self.manager.drop_saved(key)
+            self.live.remove(entry)
+        else:
+            entry[0] = restored
+        self.kv.apply(self.manager.take_ops())
+
+    @precondition(lambda self: self.live)
+    @rule(i=st.integers(0, 10))
+    def grow_into_every_free_block(self, i):
+        """Whatever num_free_blocks counts, a sequence can get (evicting as it must)."""
+        alloc = self.live[i % len(self.live)][0]
+        assert self.manager.ensure(alloc, (len(alloc.blocks) + self.manager.num_free_blocks) * BS)
+        assert self.manager.num_free_blocks == 0
+        self.kv.apply(self.manager.take_ops())
+
+    @precondition(lambda self: self.live)
+    @rule(i=st.integers(0, 10))
     def finish(self, i):
         alloc, _, _ = self.live.pop(i % len(self.live))
         self.manager.free(alloc)
@@ -263,6 +291,27 @@ class ManagerMachine(RuleBasedStateMachine):
         assert m.num_free_blocks + m.num_used_blocks == m.num_blocks
         if self.share_cells:   # (split KV streams have their own cells per seq id instead)
             assert self.kv.used_cells <= (m.num_blocks - len(m.free_list)) * BS
+
+    @invariant()
+    def every_evictable_block_can_be_evicted_now(self):
+        """Only leaves are evicted: an evictable ancestor of a referenced block could not be,
+        yet num_free_blocks would count it."""
+        stuck = set()
+        for block in self.manager.cache.values():
+            parent = block.parent if block.ref_count else None
+            while parent is not None:
+                if not parent.ref_count:
+                    stuck.add(parent.id)
+                parent = parent.parent
+        assert not stuck
+
+    @invariant()
+    def every_holder_keeps_the_cells_up_to_its_last_block_and_no_more(self):
+        m, ends = self.manager, {}
+        for block in m.cache.values():
+            ends[block.owner] = max(ends.get(block.owner, 0), (block.index + 1) * BS)
+        for seq_id in set(self.kv.seqs) - m.live:
+            assert sorted(self.kv.seqs[seq_id]) == list(range(ends.get(seq_id, 0)))
 
     @invariant()
     def every_live_sequence_sees_its_own_tokens(self):
@@ -307,6 +356,56 @@ def test_split_kv_holder_moves_to_the_highest_free_seq_id():
     manager.free(a)
     assert manager.take_ops()[0] == CopyOp(a.seq_id, 3, 0, 8)
     assert manager.owned == {3: 2} and manager.open(tokens, 9, 11).seq_id == 0
+
+
+def test_split_kv_sequence_can_grow_into_every_block_counted_free():
+    """B computes the head block A cached at the same time, and caches its next block below
+    A's. Once A ends, everything counted free (the head included) must be B's to take."""
+    manager, kv = make(num_blocks=5, seq_ids=4, prefill_chunk=2 * BS, share_cells=False)
+    head = [1, 2, 3, 4]
+    a_tokens, b_tokens = head + [10, 11, 12, 13, 14], head + [20, 21, 22, 23, 24]
+    a, b = manager.open(a_tokens, 8, 10), manager.open(b_tokens, 8, 10)
+    compute(manager, kv, a, a_tokens, 0, 8)
+    compute(manager, kv, b, b_tokens, 0, 8)
+    manager.free(a)
+    kv.apply(manager.take_ops())
+    assert manager.ensure(b, (len(b.blocks) + manager.num_free_blocks) * BS)
+    manager.check_invariants()
+
+
+def test_restored_split_kv_sequence_can_grow_into_every_block_counted_free():
+    """A swapped-out sequence comes back over its own cached blocks and caches more below them."""
+    manager, kv = make(num_blocks=8, share_cells=False)
+    tokens = list(range(9))
+    a = manager.open(tokens, 8, 10)
+    compute(manager, kv, a, tokens, 0, 9)
+    key = manager.save(a)
+    manager.free(a)
+    kv.apply(manager.take_ops())
+    b = manager.open_for_restore(key, tokens, 10)
+    kv.apply(manager.take_ops())
+    tokens += [100, 101, 102]
+    compute(manager, kv, b, tokens, 9, 12)
+    assert manager.ensure(b, (len(b.blocks) + manager.num_free_blocks) * BS)
+    manager.check_invariants()
+
+
+def test_evicting_a_chain_leaves_each_holder_the_cells_of_its_own_blocks_only():
+    """H caches blocks 0 and 2 of a chain, X block 1 (which H computed too, and swapped for X's):
+    once blocks 2 and 1 are evicted, H holds the cells of block 0 and nothing more."""
+    manager, kv = make()
+    tokens = list(range(13))
+    h, x = manager.open(tokens, 12, 14), manager.open(tokens, 12, 14)
+    compute(manager, kv, h, tokens, 0, 4)
+    compute(manager, kv, x, tokens, 0, 8)
+    compute(manager, kv, h, tokens, 4, 13)
+    manager.free(x)
+    manager.free(h)
+    manager._evict_one()
+    manager._evict_one()
+    kv.apply(manager.take_ops())
+    assert manager.num_cached_blocks == 1 and kv.used_cells == BS
+    assert sorted(kv.seqs[h.seq_id]) == list(range(BS))
 
 
 def test_everything_returns_after_all_sequences_end():

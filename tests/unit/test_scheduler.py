@@ -1,7 +1,10 @@
 """Scheduler behaviour with a fake engine (FakeKV applies KV ops; 'decoding' writes cells)."""
+import signal
+from contextlib import contextmanager
+
 import pytest
 
-from kvcache import BlockManager
+from kvcache import BlockManager, RestoreOp, SaveOp
 from scheduler import Scheduler, Sequence, Status, make_policy
 from tests.fakes import FakeKV
 
@@ -9,11 +12,12 @@ BS = 4
 
 
 def make(policy="fifo", max_seqs=4, budget=24, blocks=64, prefill_chunk=BS, preemption="swap",
-         seq_ids=8, caching=True):
+         seq_ids=8, caching=True, share_cells=True):
     manager = BlockManager(blocks, block_size=BS, num_seq_ids=seq_ids, prefix_caching=caching,
-                           prefill_chunk=prefill_chunk)
+                           prefill_chunk=prefill_chunk, share_cells=share_cells)
+    streams = 1 if share_cells else seq_ids     # split KV: cells of their own for each seq id
     return (Scheduler(manager, make_policy(policy), max_seqs=max_seqs, max_batch_tokens=budget,
-                      preemption=preemption), FakeKV(blocks * BS))
+                      preemption=preemption), FakeKV(blocks * BS * streams))
 
 
 def step(sched, kv, next_token=lambda seq: 1000 + seq.num_output, now=None):
@@ -35,6 +39,20 @@ def step(sched, kv, next_token=lambda seq: 1000 + seq.num_output, now=None):
 
 def seq(n_prompt, max_tokens=4, priority=0, base=0, deadline=None):
     return Sequence([base + i for i in range(n_prompt)], max_tokens, priority, deadline)
+
+
+@contextmanager
+def time_limit(seconds):
+    """Fail, rather than hang, when a step loops forever."""
+    def stop(signum, frame):
+        raise TimeoutError(f"still running after {seconds} s")
+    previous = signal.signal(signal.SIGALRM, stop)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 def run_to_end(sched, kv, limit=500):
@@ -257,3 +275,38 @@ def test_inflight_prefix_is_computed_once_and_shared():
     assert a.status is b.status is Status.FINISHED
     assert b.num_cached_tokens == 16 and computed_by_b == 1
     assert a.tokens[-1] == b.tokens[-1]
+
+
+def swapped_mid_prompt(sched, kv):
+    """A (21 tokens, priority 1) is two chunks into its prompt when B (priority 0) arrives and
+    there are blocks for only one of them: A is swapped out with 16 of 21 tokens computed."""
+    a, b = seq(21, priority=1), seq(6, priority=0, base=100)
+    sched.add(a)
+    plans = [step(sched, kv), step(sched, kv)]
+    sched.add(b)
+    with time_limit(5):
+        while sched.has_work() and len(plans) < 100:
+            plans.append(step(sched, kv))
+    assert a.status is b.status is Status.FINISHED and a.num_preemptions >= 1
+    return plans
+
+
+def split_kv_under_pressure():
+    return make("priority", max_seqs=2, budget=10, blocks=7, prefill_chunk=2 * BS,
+                share_cells=False)
+
+
+def test_a_step_never_readmits_a_sequence_it_preempted():
+    for plan in swapped_mid_prompt(*split_kv_under_pressure()):
+        saved = {op.key for op in plan.ops if isinstance(op, SaveOp)}
+        assert not saved & {op.key for op in plan.ops if isinstance(op, RestoreOp)}
+
+
+def test_a_swapped_out_sequence_comes_back_only_with_room_for_the_rest_of_its_prompt():
+    for plan in swapped_mid_prompt(*split_kv_under_pressure()):
+        restored = set()
+        for op in plan.ops:
+            if isinstance(op, RestoreOp):
+                restored.add(op.seq)
+            elif isinstance(op, SaveOp):
+                assert op.seq not in restored, "restored, then swapped out again"
