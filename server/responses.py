@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
 from fastapi import APIRouter, Request as HTTPRequest
-from pydantic import Field
+from pydantic import ConfigDict, Field
 from sse_starlette.sse import EventSourceResponse
 
 from engine import Request, Worker
@@ -29,9 +29,15 @@ from server.service import Service
 
 router = APIRouter(prefix="/v1")
 _TEXT_PARTS = {"input_text", "output_text", "text"}
+# Accepted and ignored: they label or route a request, or only matter with tools (refused).
+_HARMLESS = frozenset({"user", "service_tier", "safety_identifier", "prompt_cache_key",
+                       "prompt_cache_retention", "truncation", "parallel_tool_calls",
+                       "tool_choice", "reasoning", "include"})
 
 
 class ResponsesRequest(SamplingFields):
+    model_config = ConfigDict(extra="allow")   # unknown fields are refused by name, not ignored
+
     model: str
     input: str | list[dict[str, Any]]
     instructions: str | None = None
@@ -48,6 +54,12 @@ def reject_unsupported(body: ResponsesRequest) -> None:
     def unsupported(param: str, why: str) -> APIError:
         return APIError(400, f"'{param}' is not supported: {why}", "unsupported_parameter", param)
 
+    for name, value in (body.model_extra or {}).items():
+        if value not in (None, [], {}) and name not in _HARMLESS:
+            raise unsupported(name, "this server does not implement it, and ignoring it could "
+                              "change the answer")
+    if body.n != 1:
+        raise unsupported("n", "one output per response")
     if body.store:
         raise unsupported("store", "this server is stateless and keeps no responses")
     if body.previous_response_id:
@@ -159,7 +171,7 @@ async def create_response(body: ResponsesRequest, http: HTTPRequest):
     svc: Service = http.app.state.service
     lm = svc.get(body.model)
     prompt = await svc.chat_prompt(lm, to_messages(body))
-    worker, req = svc.submit(lm, prompt, body, body.max_output_tokens)
+    worker, req = svc.submit(lm, prompt, body, body.max_output_tokens or body.max_tokens)
     state = ResponseState(body, lm.name, req)
     if body.stream:
         return EventSourceResponse(_stream(svc, worker, state, http), ping=15, sep="\n")

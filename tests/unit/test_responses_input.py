@@ -62,3 +62,14 @@ def test_stateful_or_unsupported_fields_are_a_400_unsupported_parameter(fields, 
 
 def test_store_false_and_a_text_format_are_accepted():
     reject_unsupported(body(store=False, text={"format": {"type": "text"}}))
+
+
+def test_an_unknown_field_is_refused_by_name_not_ignored():
+    with pytest.raises(APIError) as exc:
+        reject_unsupported(body(top_logprobs=3))
+    assert exc.value.code == "unsupported_parameter" and exc.value.param == "top_logprobs"
+
+
+def test_harmless_fields_are_accepted():
+    reject_unsupported(body(user="u", truncation="disabled", reasoning={"effort": None},
+                            include=[], metadata={"k": "v"}))
