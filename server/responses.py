@@ -29,6 +29,7 @@ from server.service import Service
 
 router = APIRouter(prefix="/v1")
 _TEXT_PARTS = {"input_text", "output_text", "text"}
+_CHAT_ONLY = ("response_format", "json_schema", "grammar")
 # Accepted and ignored: they label or route a request, or only matter with tools (refused).
 _HARMLESS = frozenset({"user", "service_tier", "safety_identifier", "prompt_cache_key",
                        "prompt_cache_retention", "truncation", "parallel_tool_calls",
@@ -58,6 +59,9 @@ def reject_unsupported(body: ResponsesRequest) -> None:
         if value not in (None, [], {}) and name not in _HARMLESS:
             raise unsupported(name, "this server does not implement it, and ignoring it could "
                               "change the answer")
+    for name in _CHAT_ONLY:   # SamplingFields' chat-only fields (structured output, part 1)
+        if getattr(body, name, None) is not None:
+            raise unsupported(name, "use text.format on /v1/responses")
     if body.n != 1:
         raise unsupported("n", "one output per response")
     if body.store:

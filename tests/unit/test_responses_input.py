@@ -73,3 +73,10 @@ def test_an_unknown_field_is_refused_by_name_not_ignored():
 def test_harmless_fields_are_accepted():
     reject_unsupported(body(user="u", truncation="disabled", reasoning={"effort": None},
                             include=[], metadata={"k": "v"}))
+
+
+@pytest.mark.parametrize("name", ["response_format", "json_schema", "grammar"])
+def test_chat_structured_output_fields_are_refused_not_ignored(name):
+    with pytest.raises(APIError) as exc:
+        reject_unsupported(body(**{name: {"type": "json_object"} if name != "grammar" else "root ::= x"}))
+    assert exc.value.param == name
