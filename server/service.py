@@ -112,12 +112,14 @@ class Service:
         return lm
 
     # ---- prompts --------------------------------------------------------------------------------
-    async def chat_prompt(self, lm: LoadedModel, messages: list[dict]) -> list[int]:
+    async def chat_prompt(self, lm: LoadedModel, messages: list[dict],
+                          add_generation_prompt: bool = True,
+                          continue_final_message: bool = False) -> list[int]:
         if lm.template is None:
             raise APIError(400, f"The model '{lm.name}' has no chat template in its GGUF file; "
                            "use /v1/completions with a plain prompt", "no_chat_template")
         try:
-            text = lm.template.render(messages)
+            text = lm.template.render(messages, add_generation_prompt, continue_final_message)
         except ChatTemplateError as exc:
             raise APIError(400, str(exc), "chat_template_error", "messages") from exc
         add_special = not (lm.template.bos_token and text.startswith(lm.template.bos_token))

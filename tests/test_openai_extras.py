@@ -174,3 +174,21 @@ def test_store_true_is_a_400_because_the_server_is_stateless(sdk):
     with pytest.raises(openai.BadRequestError) as exc:
         respond(sdk, store=True)
     assert exc.value.body["param"] == "store"
+
+
+# ---- assistant prefill -------------------------------------------------------------------------
+PREFILL = [{"role": "user", "content": "What is the capital of France?"},
+           {"role": "assistant", "content": "The capital of France is"}]
+
+
+def test_continue_final_message_continues_the_assistant_text(sdk):
+    resp = sdk.chat.completions.create(
+        model=MODEL, messages=PREFILL, max_tokens=8, temperature=0,
+        extra_body={"continue_final_message": True, "add_generation_prompt": False})
+    assert "Paris" in resp.choices[0].message.content
+
+
+def test_continue_final_message_with_a_generation_prompt_is_a_400(base):
+    err = error_of(httpx.post(f"{base}/v1/chat/completions", json={
+        "model": MODEL, "messages": PREFILL, "continue_final_message": True}), 400)
+    assert err["param"] == "continue_final_message"
