@@ -61,7 +61,7 @@ def reject_unsupported(body: ResponsesRequest) -> None:
                               "change the answer")
     for name in _CHAT_ONLY:   # SamplingFields' chat-only fields (structured output, part 1)
         if getattr(body, name, None) is not None:
-            raise unsupported(name, "use text.format on /v1/responses")
+            raise unsupported(name, "structured output is not available on /v1/responses yet")
     if body.n != 1:
         raise unsupported("n", "one output per response")
     if body.store:
