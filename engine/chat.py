@@ -23,7 +23,24 @@ class ChatTemplate:
         self.template = env.from_string(source)
         self.bos_token, self.eos_token = bos_token, eos_token
 
-    def render(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+    def render(self, messages: list[dict], add_generation_prompt: bool = True,
+               continue_final_message: bool = False) -> str:
+        """The prompt text. `continue_final_message` (vLLM's assistant prefill): the last
+        message is left open, so the model continues its text instead of starting a new turn."""
+        if continue_final_message:
+            return self._render_open(messages)
+        return self._render(messages, add_generation_prompt)
+
+    def _render_open(self, messages: list[dict]) -> str:
+        if not messages or messages[-1].get("role") != "assistant":
+            raise ChatTemplateError("continue_final_message needs an assistant message last")
+        text, final = self._render(messages, False), messages[-1].get("content") or ""
+        end = text.rfind(final) if final else -1
+        if end < 0:
+            raise ChatTemplateError("the chat template does not show the final message's text")
+        return text[:end + len(final)]
+
+    def _render(self, messages: list[dict], add_generation_prompt: bool) -> str:
         try:
             return self.template.render(messages=messages, add_generation_prompt=add_generation_prompt,
                                         bos_token=self.bos_token, eos_token=self.eos_token)

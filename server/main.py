@@ -6,7 +6,8 @@ from contextlib import asynccontextmanager
 
 from fastapi import Depends, FastAPI, Request
 
-from server import errors, native, observability, openai_api
+from server import (cors, embeddings, errors, model_routes, native, observability, openai_api,
+                    responses)
 from server.config import load_settings
 from server.service import Service
 
@@ -51,7 +52,11 @@ async def require_api_key(request: Request) -> None:
 
 app = FastAPI(title="pagedllama", lifespan=lifespan)
 errors.install(app)
+cors.install(app, cors.origins_from_env())
 app.include_router(openai_api.router, dependencies=[Depends(require_api_key)])
+app.include_router(responses.router, dependencies=[Depends(require_api_key)])
+app.include_router(embeddings.router, dependencies=[Depends(require_api_key)])
+app.include_router(model_routes.router, dependencies=[Depends(require_api_key)])
 app.include_router(native.router, dependencies=[Depends(require_api_key)])
 app.include_router(native.public)
 app.include_router(observability.router)

@@ -53,7 +53,11 @@ async def chat_completions(body: ChatCompletionRequest, http: HTTPRequest):
     if grammar and use.grammar():
         raise APIError(400, "a tool_choice that forces a call cannot be combined with "
                        "response_format, json_schema or grammar", "invalid_value", "tool_choice")
-    prompt = await svc.chat_prompt(lm, render_messages(messages, use))
+    if body.continue_final_message and body.add_generation_prompt:
+        raise APIError(400, "continue_final_message needs add_generation_prompt: false",
+                       "invalid_value", "continue_final_message")
+    prompt = await svc.chat_prompt(lm, render_messages(messages, use), body.add_generation_prompt,
+                                   body.continue_final_message)
     max_tokens = body.max_completion_tokens or body.max_tokens
     gen = svc.generate(lm, prompt, body, max_tokens, http, grammar or use.grammar())
     return await _respond(svc, gen, _format("chat", lm, body, tools=use.active))

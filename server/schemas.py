@@ -86,6 +86,9 @@ class ChatCompletionRequest(SamplingFields):
     tools: list[Any] | None = None          # server/tools.py checks each one
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
+    # vLLM's assistant prefill: continue the last (assistant) message instead of a new turn
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
 
 
     def logprobs_k(self) -> int | None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import AsyncIterator
 
@@ -11,6 +12,7 @@ from fastapi import Request as HTTPRequest
 
 from engine import (ChatTemplate, ChatTemplateError, Event, Model, Observer, QueueFull, Request,
                     SamplingParams, Worker)
+from engine.embedding import Embedder
 from engine.gguf_info import gguf_facts
 from engine.logprobs import TokenLogprob
 from scheduler import FinishReason
@@ -29,7 +31,10 @@ class LoadedModel:
     workers: list[Worker]
     facts: dict
     template: ChatTemplate | None
+    embedder: Embedder   # its own llama.cpp context, created on the first /v1/embeddings
     created: int = field(default_factory=lambda: int(time.time()))
+    embed_executor: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="embed"))
 
     @property
     def name(self) -> str:
@@ -76,8 +81,9 @@ class Service:
             if model.chat_template:
                 template = ChatTemplate(model.chat_template, model.token_text(model.bos_id),
                                         model.token_text(model.eos_id))
+            embedder = Embedder(model, spec.engine.n_ctx, spec.engine.n_threads)
             self.models[spec.name] = LoadedModel(spec, model, workers, gguf_facts(spec.path),
-                                                 template)
+                                                 template, embedder)
             for w in workers:
                 w.start()
             log.info("serving %s from %s: %d context(s) x %d threads, n_ctx %d, %d sequences, "
@@ -89,6 +95,8 @@ class Service:
         for lm in self.models.values():
             for w in lm.workers:
                 w.stop()
+            lm.embed_executor.shutdown(wait=True, cancel_futures=True)
+            lm.embedder.close()
         for model in {id(lm.model): lm.model for lm in self.models.values()}.values():
             model.close()
 
@@ -104,12 +112,14 @@ class Service:
         return lm
 
     # ---- prompts --------------------------------------------------------------------------------
-    async def chat_prompt(self, lm: LoadedModel, messages: list[dict]) -> list[int]:
+    async def chat_prompt(self, lm: LoadedModel, messages: list[dict],
+                          add_generation_prompt: bool = True,
+                          continue_final_message: bool = False) -> list[int]:
         if lm.template is None:
             raise APIError(400, f"The model '{lm.name}' has no chat template in its GGUF file; "
                            "use /v1/completions with a plain prompt", "no_chat_template")
         try:
-            text = lm.template.render(messages)
+            text = lm.template.render(messages, add_generation_prompt, continue_final_message)
         except ChatTemplateError as exc:
             raise APIError(400, str(exc), "chat_template_error", "messages") from exc
         add_special = not (lm.template.bos_token and text.startswith(lm.template.bos_token))

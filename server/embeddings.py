@@ -1,0 +1,74 @@
+"""POST /v1/embeddings: OpenAI's embeddings, computed in an embedding context of the model
+(engine.embedding.Embedder). Inputs are embedded one after another on the model's own
+single-thread executor, so the event loop never waits on llama.cpp and one embedding context
+never runs twice at once."""
+from __future__ import annotations
+
+import asyncio
+import base64
+from typing import Literal
+
+import numpy as np
+from fastapi import APIRouter, Request as HTTPRequest
+from pydantic import BaseModel, ConfigDict, Field
+
+from server.errors import APIError
+from server.model_routes import check_tokens
+from server.service import LoadedModel, Service
+
+router = APIRouter(prefix="/v1")
+MAX_INPUTS = 2048
+
+
+class EmbeddingRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    model: str
+    input: str | list[str] | list[int] | list[list[int]]
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = Field(None, ge=1)
+
+
+async def _inputs(lm: LoadedModel, raw) -> list[list[int]]:
+    """Every input as token ids (text is tokenized with the model's BOS, as for a prompt)."""
+    items = [raw] if isinstance(raw, str) or (raw and isinstance(raw[0], int)) else list(raw)
+    if not items:
+        raise APIError(400, "input is empty", "empty_input", "input")
+    if len(items) > MAX_INPUTS:
+        raise APIError(400, f"at most {MAX_INPUTS} inputs per request", "invalid_value", "input")
+    out = []
+    for item in items:
+        if isinstance(item, str):
+            if not item:
+                raise APIError(400, "an input string is empty", "empty_input", "input")
+            item = await asyncio.to_thread(lm.model.tokenize, item, True)
+        check_tokens(lm, item, "input")
+        if not 0 < len(item) <= lm.embedder.n_ctx:
+            raise APIError(400, f"each input must have 1 to {lm.embedder.n_ctx} tokens; one has "
+                           f"{len(item)}", "context_length_exceeded", "input")
+        out.append(item)
+    return out
+
+
+def _encode(vec: np.ndarray, fmt: str) -> list[float] | str:
+    if fmt == "base64":   # little-endian float32, as OpenAI sends (the SDK's default)
+        return base64.b64encode(vec.astype("<f4").tobytes()).decode("ascii")
+    return vec.tolist()
+
+
+@router.post("/embeddings")
+async def embeddings(body: EmbeddingRequest, http: HTTPRequest) -> dict:
+    svc: Service = http.app.state.service
+    lm = svc.get(body.model)
+    if body.dimensions is not None and body.dimensions != lm.embedder.n_embd:
+        raise APIError(400, f"dimensions must be {lm.embedder.n_embd} for '{lm.name}' (vectors "
+                       "are not truncated)", "unsupported_parameter", "dimensions")
+    inputs = await _inputs(lm, body.input)
+    loop = asyncio.get_running_loop()
+    vectors = await loop.run_in_executor(lm.embed_executor,
+                                         lambda: [lm.embedder.embed(t) for t in inputs])
+    n_tokens = sum(len(t) for t in inputs)
+    return {"object": "list", "model": lm.name,
+            "data": [{"object": "embedding", "index": i, "embedding": _encode(v, body.encoding_format)}
+                     for i, v in enumerate(vectors)],
+            "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens}}

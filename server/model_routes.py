@@ -1,0 +1,80 @@
+"""Routes about one model and its vocabulary: GET /v1/models/{id} (OpenAI's model object),
+POST /tokenize and POST /detokenize (llama-server's shapes; `model` optional, default the first
+served model)."""
+from __future__ import annotations
+
+import asyncio
+
+from fastapi import APIRouter, Request as HTTPRequest
+from pydantic import BaseModel, ConfigDict, Field
+
+from server.errors import APIError
+from server.service import LoadedModel, Service
+
+router = APIRouter()
+
+
+class TokenizeRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    model: str | None = None
+    content: str
+    add_special: bool = False
+    parse_special: bool = True
+    with_pieces: bool = False
+
+
+class DetokenizeRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    model: str | None = None
+    tokens: list[int] = Field(default_factory=list)
+
+
+def model_object(lm: LoadedModel) -> dict:
+    return {"id": lm.name, "object": "model", "created": lm.created, "owned_by": "pagedllama",
+            "max_model_len": lm.max_seq_len, "contexts": len(lm.workers), "gguf": lm.facts}
+
+
+def pick_model(http: HTTPRequest, name: str | None) -> LoadedModel:
+    """The named model, or the first served one when no name is given."""
+    svc: Service = http.app.state.service
+    return svc.get(name if name is not None else next(iter(svc.models)))
+
+
+def check_tokens(lm: LoadedModel, tokens: list[int], param: str = "tokens") -> None:
+    bad = [t for t in tokens if t < 0 or t >= lm.model.n_vocab]
+    if bad:
+        raise APIError(400, f"token ids must be in [0, {lm.model.n_vocab}); got {bad[0]}",
+                       "invalid_token", param)
+
+
+def _piece(lm: LoadedModel, token: int) -> str | list[int]:
+    """A token's text; its bytes where they are not valid UTF-8 on their own (llama-server)."""
+    data = lm.model.piece(token)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return list(data)
+
+
+@router.get("/v1/models/{model_id:path}")
+async def get_model(model_id: str, http: HTTPRequest) -> dict:
+    return model_object(pick_model(http, model_id))
+
+
+@router.post("/tokenize")
+async def tokenize(body: TokenizeRequest, http: HTTPRequest) -> dict:
+    lm = pick_model(http, body.model)
+    tokens = await asyncio.to_thread(lm.model.tokenize, body.content, body.add_special,
+                                     body.parse_special)
+    if body.with_pieces:
+        return {"tokens": [{"id": t, "piece": _piece(lm, t)} for t in tokens]}
+    return {"tokens": tokens}
+
+
+@router.post("/detokenize")
+async def detokenize(body: DetokenizeRequest, http: HTTPRequest) -> dict:
+    lm = pick_model(http, body.model)
+    check_tokens(lm, body.tokens)
+    return {"content": await asyncio.to_thread(lm.model.detokenize, body.tokens)}
