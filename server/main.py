@@ -6,7 +6,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import Depends, FastAPI, Request
 
-from server import errors, native, observability, openai_api
+from server import errors, native, observability, openai_api, router_info
 from server.config import load_settings
 from server.service import Service
 
@@ -55,5 +55,6 @@ app.include_router(openai_api.router, dependencies=[Depends(require_api_key)])
 app.include_router(native.router, dependencies=[Depends(require_api_key)])
 app.include_router(native.public)
 app.include_router(observability.router)
+app.include_router(router_info.router)   # what sglang-router probes on its workers
 
 
