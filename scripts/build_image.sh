@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Build the CPU image with podman or docker (whichever exists):
+#
+#   scripts/build_image.sh [IMAGE]       # IMAGE defaults to localhost/pagedllama:cpu
+#
+# BASE_IMAGE (default python:3.11-slim) is the base; if it is neither present nor pullable
+# and was not asked for by name, a local base is made from Debian's packages
+# (scripts/base_image.sh) and used instead. Prints the build time and the image size.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+IMAGE=${1:-localhost/pagedllama:cpu}
+DEFAULT_BASE=python:3.11-slim
+LOCAL_BASE=localhost/bookworm-python:3.11
+BASE=${BASE_IMAGE:-$DEFAULT_BASE}
+source scripts/container_engine.sh
+
+have_image() { $ENGINE image inspect "$1" >/dev/null 2>&1; }
+
+if ! have_image "$BASE" && ! timeout 120 $ENGINE pull "$BASE" >/dev/null 2>&1; then
+    if [ -n "${BASE_IMAGE:-}" ]; then
+        echo "base image $BASE is neither present nor pullable" >&2
+        exit 1
+    fi
+    echo ">> $BASE cannot be pulled (no registry in reach): making $LOCAL_BASE from Debian packages"
+    [ "$ENGINE" = podman ] || { echo "a local base needs podman (podman import)" >&2; exit 1; }
+    scripts/base_image.sh "$LOCAL_BASE"
+    BASE=$LOCAL_BASE
+fi
+
+echo ">> building $IMAGE from $BASE with $ENGINE (llama.cpp compiles: several minutes)"
+start=$(date +%s)
+$ENGINE build "${BUILD_FLAGS[@]}" --network host --build-arg "BASE=$BASE" \
+    -f docker/Dockerfile -t "$IMAGE" .
+echo ">> built $IMAGE in $(( $(date +%s) - start )) s; size: $($ENGINE image inspect \
+    --format '{{.Size}}' "$IMAGE" | awk '{printf "%.0f MB", $1 / 1e6}')"
