@@ -40,6 +40,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--num-prompts", type=int, default=64)
     p.add_argument("--concurrency", type=int, default=16)
     p.add_argument("--output-len", type=int, default=32)
+    p.add_argument("--router-args", default="",
+                   help="more sglang-router flags, e.g. '--balance-abs-threshold 8'")
+    p.add_argument("--no-pin", action="store_true", help="do not pin replicas to their cores")
     p.add_argument("--rounds", type=int, default=1, help="alternations of the policies")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quick", action="store_true", help="a tiny run for tests")
@@ -83,7 +86,8 @@ def run_policy(policy: str, args, seed: int) -> dict:
     spec = ClusterSpec(replicas=args.replicas, policy=policy,
                        port=free_cluster_port(args.replicas),
                        replica_env={"PAGEDLLAMA_THREADS": str(args.threads),
-                                    "PAGEDLLAMA_LOG_LEVEL": "warning"})
+                                    "PAGEDLLAMA_LOG_LEVEL": "warning"},
+                       router_args=args.router_args.split(), pin=not args.no_pin)
     with Cluster(spec) as cluster:
         urls = [r.url for r in cluster.replicas]
         model = httpx.get(f"{urls[0]}/v1/models", trust_env=False).json()["data"][0]["id"]

@@ -10,6 +10,7 @@ to the least loaded worker when the load is out of balance; it also has `round_r
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import tempfile
@@ -35,6 +36,7 @@ class ClusterSpec:
     replica_env: dict[str, str] = field(default_factory=dict)
     log_dir: Path | None = None
     router_log_level: str = "warn"
+    router_args: list[str] = field(default_factory=list)   # more sglang-router flags
 
     def replica_ports(self) -> list[int]:
         first = self.first_replica_port or self.port + 1
@@ -55,6 +57,28 @@ class Replica:
     proc: subprocess.Popen
 
 
+def _bindable(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+            return True
+        except OSError:
+            return False
+
+
+def free_cluster_port(replicas: int) -> int:
+    """A router port p with p + 1 .. p + replicas (the replicas) and p + 1000 (the router's
+    metrics) free too: for tests and benchmarks."""
+    for _ in range(100):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port + 1000 < 65536 and all(_bindable(port + d)
+                                       for d in (*range(1, replicas + 1), 1000)):
+            return port
+    raise RuntimeError("no free range of ports")
+
+
 def replica_command(port: int) -> list[str]:
     return [sys.executable, "-m", "uvicorn", "server.main:app", "--host", "127.0.0.1",
             "--port", str(port), "--no-access-log"]
@@ -73,7 +97,7 @@ def router_command(spec: ClusterSpec) -> list[str]:
             "--host", spec.host, "--port", str(spec.port),
             "--worker-urls", *spec.worker_urls(), "--policy", spec.policy,
             "--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics_port),
-            "--log-level", spec.router_log_level]
+            "--log-level", spec.router_log_level, *spec.router_args]
 
 
 class Cluster:

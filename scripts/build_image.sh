@@ -23,7 +23,7 @@ if ! have_image "$BASE" && ! timeout 120 $ENGINE pull "$BASE" >/dev/null 2>&1; t
         exit 1
     fi
     echo ">> $BASE cannot be pulled (no registry in reach): making $LOCAL_BASE from Debian packages"
-    [ "$ENGINE" = podman ] || { echo "a local base needs podman (podman import)" >&2; exit 1; }
+    [ "$ENGINE_NAME" = podman ] || { echo "a local base needs podman (podman import)" >&2; exit 1; }
     scripts/base_image.sh "$LOCAL_BASE"
     BASE=$LOCAL_BASE
 fi

@@ -21,7 +21,7 @@ run() {
             echo ">> healthy: http://127.0.0.1:$port   (make image-stop stops it)"
             return 0
         fi
-        $ENGINE container exists "$NAME" 2>/dev/null || [ "$ENGINE" = docker ] || {
+        $ENGINE container exists "$NAME" 2>/dev/null || [ "$ENGINE_NAME" = docker ] || {
             echo "container exited" >&2; return 1; }
         sleep 1
     done

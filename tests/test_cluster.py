@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import time
 
@@ -13,32 +12,13 @@ import psutil
 import pytest
 from openai import OpenAI
 
+from cluster.launch import free_cluster_port
 from tests.server_proc import ROOT, SMOLLM2_NAME
 
 TINY = {"PAGEDLLAMA_N_CTX": "512", "PAGEDLLAMA_MAX_SEQS": "4", "PAGEDLLAMA_CACHE_SEQS": "4",
         "PAGEDLLAMA_LOG_LEVEL": "warning"}
 SYSTEM = ("You are a terse assistant for a travel agency. Answer in one short sentence, "
           "name the country, and never add greetings. ") * 4
-
-
-def _bindable(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-            return True
-        except OSError:
-            return False
-
-
-def cluster_port() -> int:
-    """A router port p with p + 1, p + 2 (the replicas) and p + 1000 (router metrics) free."""
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if port < 60000 and all(_bindable(port + d) for d in (1, 2, 1000)):
-            return port
-    raise RuntimeError("no free port range")
 
 
 def wait_ready(url: str, proc: subprocess.Popen, timeout: float = 180) -> None:
@@ -56,7 +36,7 @@ def wait_ready(url: str, proc: subprocess.Popen, timeout: float = 180) -> None:
 
 @pytest.fixture(scope="module")
 def cluster():
-    port = cluster_port()
+    port = free_cluster_port(2)
     proc = subprocess.Popen(
         ["make", "--no-print-directory", "cluster", "REPLICAS=2", "ROUTER_POLICY=cache_aware",
          f"PORT={port}", "HOST=127.0.0.1"],
