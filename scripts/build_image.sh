@@ -28,9 +28,16 @@ if ! have_image "$BASE" && ! timeout 120 $ENGINE pull "$BASE" >/dev/null 2>&1; t
     BASE=$LOCAL_BASE
 fi
 
+# pip behind a TLS-inspecting proxy (PIP_CERT set on the host): that bundle is mounted for the
+# build steps only (podman build -v), never copied into a layer
+CA_FLAGS=()
+if [ -n "${PIP_CERT:-}" ] && [ -f "$PIP_CERT" ] && [ "$ENGINE_NAME" = podman ]; then
+    CA_FLAGS=(-v "$PIP_CERT:/tmp/pip-ca.crt:ro" --build-arg PIP_CA_BUNDLE=/tmp/pip-ca.crt)
+fi
+
 echo ">> building $IMAGE from $BASE with $ENGINE (llama.cpp compiles: several minutes)"
 start=$(date +%s)
-$ENGINE build "${BUILD_FLAGS[@]}" --network host --build-arg "BASE=$BASE" \
-    -f docker/Dockerfile -t "$IMAGE" .
+$ENGINE build "${BUILD_FLAGS[@]}" "${CA_FLAGS[@]}" --network host --build-arg "BASE=$BASE" \
+    -f "${DOCKERFILE:-docker/Dockerfile}" -t "$IMAGE" .
 echo ">> built $IMAGE in $(( $(date +%s) - start )) s; size: $($ENGINE image inspect \
     --format '{{.Size}}' "$IMAGE" | awk '{printf "%.0f MB", $1 / 1e6}')"
