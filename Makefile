@@ -16,6 +16,7 @@ REPLICAS      ?= 2
 ROUTER_POLICY ?= cache_aware
 # make image / image-run / image-stop: the CPU image (docker/Dockerfile), podman or docker
 IMAGE         ?= localhost/pagedllama:cpu
+CONTAINER     ?= pagedllama
 
 ## setup: create .venv, install the pinned requirements, fetch the default model (idempotent)
 setup: $(VENV)/.installed
@@ -48,10 +49,10 @@ image:
 
 ## image-run: run $(IMAGE) in the background on the host network, port $(PORT); image-stop stops it
 image-run:
-	scripts/image_ctl.sh run $(PORT) $(IMAGE)
+	scripts/image_ctl.sh run $(PORT) $(IMAGE) $(CONTAINER)
 
 image-stop:
-	scripts/image_ctl.sh stop
+	scripts/image_ctl.sh stop $(CONTAINER)
 
 ## browser: headless Chromium + chromedriver for the dashboard test (Debian packages; needs root)
 browser:

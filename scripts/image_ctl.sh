@@ -1,19 +1,22 @@
 #!/usr/bin/env bash
 # Run the CPU image in the background on the host network, or stop it:
 #
-#   scripts/image_ctl.sh run [PORT] [IMAGE]     # waits until GET /health answers 200
-#   scripts/image_ctl.sh stop
+#   scripts/image_ctl.sh run [PORT] [IMAGE] [NAME]    # waits until GET /health answers 200
+#   scripts/image_ctl.sh stop [NAME]
 #
-# The container is named pagedllama; PAGEDLLAMA_* variables of the caller are passed in.
+# The container is named NAME (default pagedllama); PAGEDLLAMA_* variables of the caller are
+# passed in.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/container_engine.sh
-NAME=${CONTAINER_NAME:-pagedllama}
+NAME=pagedllama
 
 run() {
     local port=${1:-8000} image=${2:-localhost/pagedllama:cpu} env_args=()
+    NAME=${3:-$NAME}
     for var in $(compgen -e | grep '^PAGEDLLAMA_' || true); do env_args+=(-e "$var"); done
-    $ENGINE run -d --rm --name "$NAME" --network host -e "PORT=$port" "${env_args[@]}" \
+    $ENGINE rm -f "$NAME" >/dev/null 2>&1 || true          # a stopped one from before
+    $ENGINE run -d --name "$NAME" --network host -e "PORT=$port" "${env_args[@]}" \
         "$image" >/dev/null
     echo ">> $NAME ($image) starting on port $port"
     for _ in $(seq 120); do
@@ -21,8 +24,11 @@ run() {
             echo ">> healthy: http://127.0.0.1:$port   (make image-stop stops it)"
             return 0
         fi
-        $ENGINE container exists "$NAME" 2>/dev/null || [ "$ENGINE_NAME" = docker ] || {
-            echo "container exited" >&2; return 1; }
+        if [ "$($ENGINE inspect --format '{{.State.Running}}' "$NAME" 2>/dev/null)" != true ]; then
+            echo "the container exited; its log:" >&2
+            $ENGINE logs --tail 30 "$NAME" >&2 || true
+            return 1
+        fi
         sleep 1
     done
     echo "not healthy after 120 s; logs:" >&2
@@ -31,11 +37,18 @@ run() {
 }
 
 stop() {
-    $ENGINE stop --time 30 "$NAME" >/dev/null 2>&1 && echo ">> stopped $NAME" || echo ">> $NAME is not running"
+    NAME=${1:-$NAME}
+    # SIGTERM: the server drains its running requests, then exits
+    if $ENGINE stop --time 30 "$NAME" >/dev/null 2>&1; then
+        echo ">> stopped $NAME"
+    else
+        echo ">> $NAME is not running"
+    fi
+    $ENGINE rm -f "$NAME" >/dev/null 2>&1 || true
 }
 
 case "${1:-}" in
     run) shift; run "$@" ;;
-    stop) stop ;;
-    *) echo "usage: $0 run [PORT] [IMAGE] | stop" >&2; exit 2 ;;
+    stop) shift; stop "$@" ;;
+    *) echo "usage: $0 run [PORT] [IMAGE] [NAME] | stop [NAME]" >&2; exit 2 ;;
 esac
