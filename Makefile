@@ -9,7 +9,7 @@ SUDO   := $(if $(filter 0,$(shell id -u)),,sudo)
 NO_AMX := -mno-amx-tile -mno-amx-int8 -mno-amx-bf16
 LLAMA_CMAKE_ARGS ?= -DCMAKE_C_FLAGS='$(NO_AMX)' -DCMAKE_CXX_FLAGS='$(NO_AMX)'
 
-.PHONY: setup run test models browser clean cluster image image-run image-stop
+.PHONY: setup run test models browser clean cluster image image-router image-run image-stop
 
 # make cluster: replicas on this machine behind sglang-router (README, "Scaling out")
 REPLICAS      ?= 2
@@ -17,6 +17,7 @@ ROUTER_POLICY ?= cache_aware
 # make image / image-run / image-stop: the CPU image (docker/Dockerfile), podman or docker
 IMAGE         ?= localhost/pagedllama:cpu
 CONTAINER     ?= pagedllama
+ROUTER_IMAGE  ?= localhost/pagedllama-router:0.3.2
 
 ## setup: create .venv, install the pinned requirements, fetch the default model (idempotent)
 setup: $(VENV)/.installed
@@ -46,6 +47,10 @@ cluster: setup
 ## image: build the CPU image $(IMAGE) (from a local Debian-made base where no registry is in reach)
 image:
 	scripts/build_image.sh $(IMAGE)
+
+## image-router: build the router's image $(ROUTER_IMAGE) (docker/Dockerfile.router)
+image-router:
+	DOCKERFILE=docker/Dockerfile.router scripts/build_image.sh $(ROUTER_IMAGE)
 
 ## image-run: run $(IMAGE) in the background on the host network, port $(PORT); image-stop stops it
 image-run:

@@ -2,6 +2,7 @@
 # Build the CPU image with podman or docker (whichever exists):
 #
 #   scripts/build_image.sh [IMAGE]       # IMAGE defaults to localhost/pagedllama:cpu
+#   DOCKERFILE=docker/Dockerfile.router scripts/build_image.sh localhost/pagedllama-router:0.3.2
 #
 # BASE_IMAGE (default python:3.11-slim) is the base; if it is neither present nor pullable
 # and was not asked for by name, a local base is made from Debian's packages
@@ -35,7 +36,7 @@ if [ -n "${PIP_CERT:-}" ] && [ -f "$PIP_CERT" ] && [ "$ENGINE_NAME" = podman ]; 
     CA_FLAGS=(-v "$PIP_CERT:/tmp/pip-ca.crt:ro" --build-arg PIP_CA_BUNDLE=/tmp/pip-ca.crt)
 fi
 
-echo ">> building $IMAGE from $BASE with $ENGINE (llama.cpp compiles: several minutes)"
+echo ">> building $IMAGE from $BASE with $ENGINE (the server's image compiles llama.cpp: minutes)"
 start=$(date +%s)
 $ENGINE build "${BUILD_FLAGS[@]}" "${CA_FLAGS[@]}" --network host --build-arg "BASE=$BASE" \
     -f "${DOCKERFILE:-docker/Dockerfile}" -t "$IMAGE" .
