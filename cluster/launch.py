@@ -105,7 +105,8 @@ class Cluster:
 
     def __init__(self, spec: ClusterSpec):
         self.spec = spec
-        self.log_dir = spec.log_dir or Path(tempfile.mkdtemp(prefix=f"pagedllama-cluster-{spec.port}-"))
+        self.log_dir = spec.log_dir or Path(
+            tempfile.mkdtemp(prefix=f"pagedllama-cluster-{spec.port}-"))
         self.replicas: list[Replica] = []
         self.router: subprocess.Popen | None = None
 
