@@ -68,6 +68,12 @@ def replica_counters(urls: list[str]) -> list[dict[str, float]]:
     return out
 
 
+def thread_changes(url: str) -> int:
+    """How often the contention governor changed a replica's threads (it runs only with 2+)."""
+    health = httpx.get(f"{url}/health", timeout=10, trust_env=False).json()
+    return sum(c["thread_changes"] for m in health["models"].values() for c in m["contexts"])
+
+
 def _delta(after: list[dict], before: list[dict], name: str) -> list[float]:
     return [a[name] - b[name] for a, b in zip(after, before)]
 
@@ -94,6 +100,7 @@ def run_policy(policy: str, args, seed: int) -> dict:
         before = replica_counters(urls)
         report = asyncio.run(_workload(spec.url, model, args, seed))
         after = replica_counters(urls)
+        report["thread_changes_per_replica"] = [thread_changes(u) for u in urls]
     hits = sum(_delta(after, before, COUNTERS[0]))
     queries = sum(_delta(after, before, COUNTERS[1]))
     report["prefix_hit_rate"] = hits / queries if queries else 0.0
