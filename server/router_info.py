@@ -56,10 +56,10 @@ def loads(svc: Service) -> list[dict]:
     out = []
     for lm in svc.models.values():
         for w in lm.workers:
-            snap = w.snapshot()
-            out.append({"dp_rank": len(out), "num_reqs": snap["running"] + snap["waiting"],
-                        "num_waiting_reqs": snap["waiting"],
-                        "num_tokens": snap["kv_used_blocks"] * w.config.block_size})
+            stats = w.snapshot()
+            out.append({"dp_rank": len(out), "num_reqs": stats.running + stats.waiting,
+                        "num_waiting_reqs": stats.waiting,
+                        "num_tokens": stats.kv_used_blocks * w.config.block_size})
     return out
 
 

@@ -133,6 +133,13 @@ def test_replicas_tell_the_router_their_model_name(cluster):
     assert [m["id"] for m in models] == [SMOLLM2_NAME]
 
 
+def test_replicas_report_their_model_and_load_per_context(cluster):
+    info = httpx.get(f"{cluster['replicas'][0]}/model_info").json()
+    assert info["is_generation"] and info["architectures"] == ["llama"]
+    (load,) = httpx.get(f"{cluster['replicas'][0]}/get_load").json()
+    assert load["num_reqs"] == load["num_waiting_reqs"] == 0 and load["num_tokens"] >= 0
+
+
 def test_sigterm_stops_the_router_and_every_replica(cluster):
     ports = (cluster["port"], cluster["port"] + 1, cluster["port"] + 2)
     pids = [server_pid(p) for p in ports[1:]]
