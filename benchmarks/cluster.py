@@ -114,7 +114,11 @@ def run(args) -> dict:
     result: dict = {"config": vars(args).copy(), "runs": {p: [] for p in policies}}
     for r in range(args.rounds):
         for policy in policies:
-            result["runs"][policy].append(run_policy(policy, args, args.seed + r))
+            report = run_policy(policy, args, args.seed + r)
+            result["runs"][policy].append(report)
+            print(f"round {r + 1} {policy}: {report['output_throughput']:.1f} output tok/s, hit "
+                  f"rate {report['prefix_hit_rate'] * 100:.0f}%, requests per replica "
+                  f"{report['requests_per_replica']}", file=sys.stderr, flush=True)
     result["summary"] = {p: _median_of(runs) for p, runs in result["runs"].items()}
     return result
 
