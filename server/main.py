@@ -7,7 +7,7 @@ from contextlib import asynccontextmanager
 from fastapi import Depends, FastAPI, Request
 
 from server import (cors, embeddings, errors, model_routes, native, observability, openai_api,
-                    responses)
+                    responses, router_info)
 from server.config import load_settings
 from server.service import Service
 
@@ -60,5 +60,6 @@ app.include_router(model_routes.router, dependencies=[Depends(require_api_key)])
 app.include_router(native.router, dependencies=[Depends(require_api_key)])
 app.include_router(native.public)
 app.include_router(observability.router)
+app.include_router(router_info.router)   # what sglang-router probes on its workers
 
 

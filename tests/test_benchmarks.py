@@ -196,3 +196,16 @@ def test_compare_against_llama_server_tiny(tmp_path):
             assert runs[0]["completed"] + runs[0]["failed"] == runs[0]["sent"], (side, wl)
             assert runs[0]["failed"] == 0, (side, wl, runs[0].get("errors"))
     assert {row["label"] for row in r["comparison"]} >= {"random, 1 stream: output tok/s"}
+
+
+def test_cluster_compares_cache_aware_and_round_robin_routing(tmp_path):
+    out = tmp_path / "cluster.json"
+    proc = bench("cluster", "--quick", "--result-file", str(out))
+    r = json.loads(out.read_text())
+    assert set(r["summary"]) == {"cache_aware", "round_robin"}
+    for policy, (run,) in r["runs"].items():
+        assert run["completed"] + run["failed"] == run["sent"] == 8 and run["failed"] == 0
+        assert sum(run["requests_per_replica"]) == 8
+        assert 0 < run["prefix_hit_rate"] < 1
+    assert r["runs"]["round_robin"][0]["requests_per_replica"] == [4, 4]
+    assert "cache_aware / round_robin throughput" in proc.stdout

@@ -1,0 +1,163 @@
+"""Cache-aware vs round-robin routing in front of several replicas (`make cluster`).
+
+The workload of benchmarks.prefix: num_prefixes different ~shared_len-token system prompts,
+each request one of them plus a short question, num_prompts requests, concurrency at a time,
+sent through sglang-router to `replicas` pagedllama replicas of `threads` thread(s) each on this
+machine (cores split between them). Each policy gets a fresh cluster (cold caches). Reported:
+output throughput, TTFT p50/p99, the prefix hit rate summed from the replicas' /metrics
+(prefix_cache_hits_total / prefix_cache_queries_total: prompt tokens) and how many requests
+each replica served.
+
+    python -m benchmarks.cluster [--rounds 2] [--result-file results/cluster.json]
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from benchmarks import datasets as ds
+from benchmarks.metrics import write_result
+from benchmarks.serve import run_workload
+from cluster.launch import Cluster, ClusterSpec, free_cluster_port
+
+ENDPOINT = "/v1/chat/completions"
+COUNTERS = ("pagedllama:prefix_cache_hits_total", "pagedllama:prefix_cache_queries_total",
+            "pagedllama:request_success_total")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--replicas", type=int, default=2)
+    p.add_argument("--threads", type=int, default=1, help="llama.cpp threads per replica")
+    p.add_argument("--policies", default="cache_aware,round_robin")
+    p.add_argument("--num-prefixes", type=int, default=4)
+    p.add_argument("--shared-len", type=int, default=500, help="tokens of each system prompt")
+    p.add_argument("--num-prompts", type=int, default=64)
+    p.add_argument("--concurrency", type=int, default=16)
+    p.add_argument("--output-len", type=int, default=32)
+    p.add_argument("--router-args", default="",
+                   help="more sglang-router flags, e.g. '--balance-abs-threshold 8'")
+    p.add_argument("--no-pin", action="store_true", help="do not pin replicas to their cores")
+    p.add_argument("--rounds", type=int, default=1, help="alternations of the policies")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--quick", action="store_true", help="a tiny run for tests")
+    p.add_argument("--result-file", default=None)
+    args = p.parse_args(argv)
+    if args.quick:
+        args.num_prefixes, args.shared_len, args.num_prompts = 2, 150, 8
+        args.concurrency, args.output_len = 4, 4
+    return args
+
+
+def replica_counters(urls: list[str]) -> list[dict[str, float]]:
+    """Per replica, the sum over labels of each counter in COUNTERS, read from /metrics."""
+    out = []
+    for url in urls:
+        sums = dict.fromkeys(COUNTERS, 0.0)
+        text = httpx.get(f"{url}/metrics", timeout=10, trust_env=False).text
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name in sums:
+                    sums[sample.name] += sample.value
+        out.append(sums)
+    return out
+
+
+def thread_changes(url: str) -> int:
+    """How often the contention governor changed a replica's threads (it runs only with 2+)."""
+    health = httpx.get(f"{url}/health", timeout=10, trust_env=False).json()
+    return sum(c["thread_changes"] for m in health["models"].values() for c in m["contexts"])
+
+
+def _delta(after: list[dict], before: list[dict], name: str) -> list[float]:
+    return [a[name] - b[name] for a, b in zip(after, before)]
+
+
+async def _workload(url: str, model: str, args, seed: int) -> dict:
+    convs = ds.shared_prefix_dataset(args.num_prompts, 24, args.shared_len, args.num_prefixes,
+                                     ds.Calibration(), seed)
+    report, _ = await run_workload(url, ENDPOINT, model, convs, max_concurrency=args.concurrency,
+                                   output_len=args.output_len, ignore_eos=True, seed=seed,
+                                   desc="shared-prefix")
+    report.pop("requests", None)
+    return report
+
+
+def run_policy(policy: str, args, seed: int) -> dict:
+    spec = ClusterSpec(replicas=args.replicas, policy=policy,
+                       port=free_cluster_port(args.replicas),
+                       replica_env={"PAGEDLLAMA_THREADS": str(args.threads),
+                                    "PAGEDLLAMA_LOG_LEVEL": "warning"},
+                       router_args=args.router_args.split(), pin=not args.no_pin)
+    with Cluster(spec) as cluster:
+        urls = [r.url for r in cluster.replicas]
+        model = httpx.get(f"{urls[0]}/v1/models", trust_env=False).json()["data"][0]["id"]
+        before = replica_counters(urls)
+        report = asyncio.run(_workload(spec.url, model, args, seed))
+        after = replica_counters(urls)
+        report["thread_changes_per_replica"] = [thread_changes(u) for u in urls]
+    hits = sum(_delta(after, before, COUNTERS[0]))
+    queries = sum(_delta(after, before, COUNTERS[1]))
+    report["prefix_hit_rate"] = hits / queries if queries else 0.0
+    report["requests_per_replica"] = [int(x) for x in _delta(after, before, COUNTERS[2])]
+    report["policy"] = policy
+    return report
+
+
+def run(args) -> dict:
+    policies = args.policies.split(",")
+    result: dict = {"config": vars(args).copy(), "runs": {p: [] for p in policies}}
+    for r in range(args.rounds):
+        for policy in policies:
+            report = run_policy(policy, args, args.seed + r)
+            result["runs"][policy].append(report)
+            print(f"round {r + 1} {policy}: {report['output_throughput']:.1f} output tok/s, hit "
+                  f"rate {report['prefix_hit_rate'] * 100:.0f}%, requests per replica "
+                  f"{report['requests_per_replica']}", file=sys.stderr, flush=True)
+    result["summary"] = {p: _median_of(runs) for p, runs in result["runs"].items()}
+    return result
+
+
+def _median_of(runs: list[dict]) -> dict:
+    keys = ("output_throughput", "request_throughput", "median_ttft_ms", "p99_ttft_ms",
+            "prefix_hit_rate", "failed")
+    return {k: statistics.median(r[k] for r in runs) for k in keys} | {
+        "requests_per_replica": runs[0]["requests_per_replica"]}
+
+
+def summary_table(summary: dict, args) -> str:
+    lines = [f"{args.replicas} replicas x {args.threads} thread(s) behind sglang-router; "
+             f"{args.num_prefixes} x ~{args.shared_len}-token prefixes, {args.num_prompts} "
+             f"requests, {args.concurrency} concurrent, {args.output_len} out; median of "
+             f"{args.rounds} round(s)",
+             f"{'policy':<13} {'out tok/s':>9} {'req/s':>6} {'TTFT p50':>9} {'TTFT p99':>9} "
+             f"{'hit rate':>8} {'failed':>6}  requests per replica"]
+    for policy, s in summary.items():
+        lines.append(f"{policy:<13} {s['output_throughput']:>9.1f} {s['request_throughput']:>6.2f} "
+                     f"{s['median_ttft_ms'] / 1000:>8.1f}s {s['p99_ttft_ms'] / 1000:>8.1f}s "
+                     f"{s['prefix_hit_rate'] * 100:>7.0f}% {s['failed']:>6.0f}  "
+                     f"{s['requests_per_replica']}")
+    if {"cache_aware", "round_robin"} <= summary.keys():
+        ca, rr = summary["cache_aware"], summary["round_robin"]
+        lines.append(f"cache_aware / round_robin throughput: "
+                     f"{ca['output_throughput'] / rr['output_throughput']:.2f}x   (target >= 1.2x, "
+                     f"with a hit rate >= 80%)")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    result = run(args)
+    print(summary_table(result["summary"], args))
+    if args.result_file:
+        write_result(args.result_file, result)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

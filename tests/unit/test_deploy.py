@@ -1,0 +1,168 @@
+"""The deployment files, checked offline: every Kubernetes manifest against the API schema
+(kubernetes-validate, strict: unknown fields fail), and the links between them (labels,
+ports, metric names, files) that no schema sees."""
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import kubernetes_validate
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+K8S = ROOT / "deploy" / "kubernetes"
+DOCKER = ROOT / "docker"
+K8S_VERSION = "1.33"
+
+
+def manifests() -> list[Path]:
+    return sorted(p for p in K8S.glob("*.yaml") if p.name != "kustomization.yaml")
+
+
+def documents() -> list[dict]:
+    return [d for p in manifests() for d in yaml.safe_load_all(p.read_text()) if d]
+
+
+def find(kind: str, name: str) -> dict:
+    return next(d for d in documents() if d["kind"] == kind and d["metadata"]["name"] == name)
+
+
+def container(deployment: dict) -> dict:
+    return deployment["spec"]["template"]["spec"]["containers"][0]
+
+
+def args_after(args: list[str], flag: str) -> str:
+    joined = [a for arg in args for a in (arg.split("=", 1) if arg.startswith("--") else [arg])]
+    return joined[joined.index(flag) + 1]
+
+
+@pytest.mark.parametrize("doc", documents(), ids=lambda d: f"{d['kind']}/{d['metadata']['name']}")
+def test_every_manifest_is_valid_against_the_kubernetes_schema(doc):
+    kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+
+
+def test_the_validator_rejects_a_misspelt_field():
+    bad = json.loads(json.dumps(find("Deployment", "pagedllama")))
+    bad["spec"]["replica"] = bad["spec"].pop("replicas")
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(bad, K8S_VERSION, strict=True)
+
+
+def test_the_kustomization_applies_every_manifest():
+    kustomization = yaml.safe_load((K8S / "kustomization.yaml").read_text())
+    assert sorted(kustomization["resources"]) == [p.name for p in manifests()]
+
+
+@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed")
+def test_kubectl_builds_the_kustomization_offline():
+    out = subprocess.run(["kubectl", "kustomize", str(K8S)], capture_output=True, text=True,
+                         check=True).stdout
+    assert len([d for d in yaml.safe_load_all(out) if d]) == len(documents())
+
+
+def test_every_object_lives_in_the_pagedllama_namespace():
+    for doc in documents():
+        if doc["kind"] != "Namespace":
+            assert doc["metadata"]["namespace"] == "pagedllama", doc["metadata"]["name"]
+
+
+def test_replicas_request_exactly_their_cpu_limit_and_take_threads_from_it():
+    c = container(find("Deployment", "pagedllama"))
+    assert c["resources"]["requests"] == c["resources"]["limits"]
+    threads = next(e for e in c["env"] if e["name"] == "PAGEDLLAMA_THREADS")
+    ref = threads["valueFrom"]["resourceFieldRef"]
+    assert (ref["resource"], ref["containerName"]) == ("limits.cpu", c["name"])
+
+
+def test_replicas_are_ready_on_health_and_drain_within_the_grace_period():
+    pod = find("Deployment", "pagedllama")["spec"]["template"]["spec"]
+    c = pod["containers"][0]
+    assert c["readinessProbe"]["httpGet"]["path"] == "/health"
+    assert "livenessProbe" in c
+    pre_stop = c["lifecycle"]["preStop"]["exec"]["command"]
+    assert pre_stop[0] == "sleep" and int(pre_stop[1]) < pod["terminationGracePeriodSeconds"]
+
+
+def test_the_disruption_budget_covers_the_replica_pods():
+    pdb = find("PodDisruptionBudget", "pagedllama")
+    labels = find("Deployment", "pagedllama")["spec"]["template"]["metadata"]["labels"]
+    assert pdb["spec"]["selector"]["matchLabels"].items() <= labels.items()
+
+
+def test_the_router_discovers_the_replica_pods_by_label_and_port():
+    args = container(find("Deployment", "pagedllama-router"))["args"]
+    replica = find("Deployment", "pagedllama")["spec"]["template"]
+    key, value = args_after(args, "--selector").split("=")
+    assert replica["metadata"]["labels"][key] == value
+    assert args_after(args, "--service-discovery-namespace") == "pagedllama"
+    ports = [p["containerPort"] for p in replica["spec"]["containers"][0]["ports"]]
+    assert int(args_after(args, "--service-discovery-port")) in ports
+    assert args_after(args, "--policy") == "cache_aware"
+
+
+def test_the_router_may_watch_pods():
+    rules = find("Role", "pagedllama-router")["rules"]
+    assert any("pods" in r["resources"] and {"list", "watch"} <= set(r["verbs"]) for r in rules)
+    binding = find("RoleBinding", "pagedllama-router")
+    account = find("Deployment", "pagedllama-router")["spec"]["template"]["spec"]
+    assert binding["subjects"][0]["name"] == account["serviceAccountName"]
+
+
+def test_the_service_in_front_selects_the_router():
+    svc = find("Service", "pagedllama")
+    router = find("Deployment", "pagedllama-router")["spec"]["template"]
+    assert svc["spec"]["selector"].items() <= router["metadata"]["labels"].items()
+    assert router["metadata"]["labels"]["app.kubernetes.io/component"] == "router"
+
+
+def test_the_autoscaler_scales_on_the_adapters_name_for_waiting_requests():
+    hpa = find("HorizontalPodAutoscaler", "pagedllama")
+    assert hpa["spec"]["scaleTargetRef"]["name"] == "pagedllama"
+    wanted = hpa["spec"]["metrics"][0]["pods"]["metric"]["name"]
+    rules = yaml.safe_load(find("ConfigMap", "prometheus-adapter-rules")["data"]["config.yaml"])
+    served = []
+    for rule in rules["rules"]:
+        series = re.match(r"'?([\w:]+)\{", rule["seriesQuery"]).group(1)
+        served.append(re.sub(rule["name"]["matches"],
+                             rule["name"]["as"].replace("${1}", r"\1"), series))
+    assert wanted in served
+    from server.metrics import PREFIX
+    assert PREFIX == "pagedllama:"
+    assert "\"num_requests_waiting\"" in (ROOT / "server" / "metrics.py").read_text()
+
+
+def test_prometheus_scrapes_the_replicas_with_the_labels_the_adapter_needs():
+    config = yaml.safe_load(find("ConfigMap", "prometheus-config")["data"]["prometheus.yml"])
+    job = next(j for j in config["scrape_configs"] if j["job_name"] == "pagedllama")
+    targets = {r.get("target_label") for r in job["relabel_configs"]}
+    assert {"namespace", "pod"} <= targets
+    keep = next(r for r in job["relabel_configs"] if r.get("action") == "keep")
+    assert keep["regex"] == "replica"
+
+
+def test_the_grafana_configmap_holds_the_dashboard_from_docker():
+    held = find("ConfigMap", "grafana-dashboards")["data"]["pagedllama.json"]
+    assert json.loads(held) == json.loads((DOCKER / "grafana-dashboard.json").read_text()), \
+        "run: python scripts/grafana_configmap.py"
+
+
+def test_compose_puts_the_router_in_front_of_both_replicas():
+    compose = yaml.safe_load((DOCKER / "compose.yaml").read_text())
+    services = compose["services"]
+    command = services["router"]["command"]
+    urls = command[command.index("--worker-urls") + 1:][:2]
+    assert urls == ["http://replica-1:8000", "http://replica-2:8000"]
+    assert {"replica-1", "replica-2", "router", "prometheus", "grafana"} <= services.keys()
+
+
+def test_compose_mounts_and_builds_only_files_that_exist():
+    compose = yaml.safe_load((DOCKER / "compose.yaml").read_text())
+    for service in compose["services"].values():
+        for volume in service.get("volumes", []):
+            assert (DOCKER / volume.split(":")[0]).exists(), volume
+        if "build" in service:
+            assert (DOCKER / service["build"]["context"] / service["build"]["dockerfile"]).exists()
