@@ -29,6 +29,16 @@ UNSUPPORTED_COMPLETION = frozenset({"suffix", "best_of"})
 # Values equal to "not asked for": sending them is the same as leaving the field out.
 _NEUTRAL: dict[str, tuple] = {"best_of": (None, 1)}
 
+# sglang-router (make cluster) forwards requests re-serialized from its own request type, with
+# SGLang's extension fields at their defaults; at those values they ask for nothing.
+_NEUTRAL.update({
+    "no_stop_trim": (False,), "skip_special_tokens": (True,),
+    "spaces_between_special_tokens": (True,), "separate_reasoning": (True,),
+    "stream_reasoning": (True,), "return_hidden_states": (False,), "min_tokens": (0,),
+    "logprob_start_len": (-1,), "return_text_in_logprobs": (False, True),
+    "continue_final_message": (False,), "ignore_eos": (False,)})
+HARMLESS = HARMLESS | {"rid"}   # SGLang's request id: a label
+
 
 def unsupported(field: str, why: str = "is not supported by this server") -> APIError:
     return APIError(400, f"'{field}' {why}", "unsupported_parameter", field)
