@@ -3,6 +3,7 @@ import signal
 from contextlib import contextmanager
 
 import pytest
+from hypothesis import example, given, settings, strategies as st
 
 from kvcache import BlockManager, RestoreOp, SaveOp
 from scheduler import Scheduler, Sequence, Status, make_policy
@@ -310,3 +311,128 @@ def test_a_swapped_out_sequence_comes_back_only_with_room_for_the_rest_of_its_pr
                 restored.add(op.seq)
             elif isinstance(op, SaveOp):
                 assert op.seq not in restored, "restored, then swapped out again"
+
+
+class OpenCountingManager(BlockManager):
+    """Fails a step that opens sequences more often than any step can (each waiting sequence
+    once, each failed open followed by a preemption): a livelock fails fast instead of hanging."""
+
+    def __init__(self, *args, max_opens_per_step: int, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.max_opens, self.opens = max_opens_per_step, 0
+
+    def open(self, *args, **kwargs):
+        self._count()
+        return super().open(*args, **kwargs)
+
+    def open_for_restore(self, *args, **kwargs):
+        self._count()
+        return super().open_for_restore(*args, **kwargs)
+
+    def take_ops(self):
+        self.opens = 0          # the scheduler takes the ops at the end of each step
+        return super().take_ops()
+
+    def _count(self):
+        self.opens += 1
+        assert self.opens <= self.max_opens, "a step keeps opening sequences"
+
+
+REQUESTS = st.lists(st.fixed_dictionaries({
+    "arrival": st.integers(0, 8),                        # step
+    "shared": st.sampled_from([0, BS, 2 * BS]),          # tokens every request may start with
+    "salt": st.integers(0, 2),                           # same salt, same prompt
+    "own": st.integers(6, 16),
+    "max_tokens": st.integers(1, 6),
+    "priority": st.integers(0, 2),
+    "deadline": st.none() | st.integers(1, 40),          # steps after arrival
+    "abort": st.none() | st.integers(1, 40),             # steps after arrival
+}), min_size=6, max_size=12)
+CONFIGS = st.fixed_dictionaries({
+    "share_cells": st.booleans(),
+    "blocks": st.integers(8, 9),        # every request fits alone (at most 30 tokens)
+    "max_seqs": st.integers(1, 4),
+    "prefill_chunk": st.sampled_from([BS, 2 * BS]),
+    "spare_budget": st.integers(0, 4),
+    "spare_seq_ids": st.integers(0, 2),
+})
+
+
+def workload_scheduler(policy, preemption, config, n_requests):
+    c = config
+    manager = OpenCountingManager(
+        c["blocks"], block_size=BS, num_seq_ids=c["max_seqs"] + c["spare_seq_ids"],
+        prefill_chunk=c["prefill_chunk"], share_cells=c["share_cells"],
+        max_opens_per_step=3 * n_requests + 1)
+    sched = Scheduler(manager, make_policy(policy), max_seqs=c["max_seqs"],
+                      max_batch_tokens=c["max_seqs"] + c["prefill_chunk"] + c["spare_budget"],
+                      preemption=preemption)
+    streams = 1 if c["share_cells"] else manager.num_seq_ids
+    return sched, FakeKV(c["blocks"] * BS * streams)
+
+
+def arrive(sched, requests, seqs, now):
+    """Add the requests that arrive at step `now` (seqs[i] for requests[i]), abort those whose
+    time has come."""
+    for i, r in enumerate(requests):
+        if r["arrival"] == now:
+            prompt = list(range(1, r["shared"] + 1)) + [100 * (r["salt"] + 1) + k
+                                                       for k in range(r["own"])]
+            deadline = None if r["deadline"] is None else float(now + r["deadline"])
+            seqs[i] = Sequence(prompt, r["max_tokens"], r["priority"], deadline)
+            sched.add(seqs[i])
+        elif r["abort"] is not None and r["arrival"] + r["abort"] == now:
+            sched.abort(seqs[i])
+
+
+def request(own, *, shared=0, salt=0, max_tokens=1, priority=0, arrival=0):
+    return dict(arrival=arrival, shared=shared, salt=salt, own=own, max_tokens=max_tokens,
+                priority=priority, deadline=None, abort=None)
+
+
+def kv_config(blocks, max_seqs, prefill_chunk, *, share_cells=False, seq_ids=0):
+    return dict(share_cells=share_cells, blocks=blocks, max_seqs=max_seqs,
+                prefill_chunk=prefill_chunk, spare_budget=0, spare_seq_ids=seq_ids)
+
+
+def step_and_check(sched, kv, seqs, now, max_ops):
+    """One step of a random workload, checking what every step must hold."""
+    def sample(s):
+        assert kv.read(s.seq_id) == [tuple(s.tokens[:p + 1]) for p in range(len(s.tokens))]
+        return 1000 + s.num_output
+
+    before = [s.num_preemptions for s in seqs]
+    plan = step(sched, kv, sample, now=float(now))
+    preempted = {s: s.num_preemptions - n for s, n in zip(seqs, before) if s.num_preemptions > n}
+    assert all(n == 1 for n in preempted.values()), "preempted twice in one step"
+    assert all(s.status is Status.WAITING for s in preempted), "preempted, then readmitted"
+    assert plan.num_tokens or preempted or not sched.has_work(), "an idle step"
+    assert len(plan.ops) <= max_ops
+    sched.manager.check_invariants()
+
+
+@pytest.mark.parametrize("preemption", ["swap", "recompute"])
+@pytest.mark.parametrize("policy", ["fifo", "priority", "spf"])
+@settings(max_examples=60, deadline=None)
+@given(config=CONFIGS, requests=REQUESTS)
+@example(config=kv_config(8, 2, BS),   # split KV, the same prompt twice at once: twin blocks
+         requests=[request(15, shared=2 * BS, max_tokens=3)] * 2)
+@example(config=kv_config(7, 2, 2 * BS, seq_ids=6),   # a long prompt swapped out mid-way
+         requests=[request(21, max_tokens=4, priority=1),
+                   request(6, salt=1, max_tokens=4, arrival=2)])
+def test_random_workloads_under_kv_pressure_end_with_balanced_books(policy, preemption, config,
+                                                                   requests):
+    """Every step computes tokens or preempts while there is work, preempts a sequence at most
+    once and never readmits it, keeps its op list bounded and the block manager's books
+    balanced; every sequence sees exactly its own tokens, and every request ends."""
+    sched, kv = workload_scheduler(policy, preemption, config, len(requests))
+    max_ops, seqs = 8 * (config["blocks"] + len(requests)), {}
+    for now in range(1000):
+        arrive(sched, requests, seqs, now)
+        kv.apply(sched.manager.take_ops())
+        if not sched.has_work() and now > 8:
+            break
+        step_and_check(sched, kv, list(seqs.values()), now, max_ops)
+    assert len(seqs) == len(requests)
+    assert all(s.status is Status.FINISHED for s in seqs.values())
+    assert sched.manager.num_used_blocks == 0 and kv.saved == {}
