@@ -8,12 +8,11 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import httpx
+from cluster.processes import wait_http
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_MODEL = ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -116,21 +115,10 @@ def launched(spec: ServerSpec, startup_timeout: float = 300.0, log_dir: str | No
 
 def _wait_healthy(spec: ServerSpec, proc: subprocess.Popen, log_path: Path,
                   timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{spec.name} exited ({proc.returncode}); log {log_path}:\n"
-                               f"{_tail(log_path)}")
-        try:
-            health = httpx.get(f"{spec.base_url}/health", timeout=2.0, trust_env=False)
-            if health.status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"{spec.name} did not become healthy in {timeout:.0f} s; log "
-                               f"{log_path}:\n{_tail(log_path)}")
-        time.sleep(0.25)
+    try:
+        wait_http(f"{spec.base_url}/health", proc, timeout, spec.name)
+    except RuntimeError as exc:
+        raise RuntimeError(f"{exc}; log {log_path}:\n{_tail(log_path)}") from None
 
 
 def _tail(path: Path, n: int = 30) -> str:

@@ -44,6 +44,7 @@ from benchmarks.metrics import write_result
 from benchmarks.serve import calibrate, warmup
 
 NEIGHBOUR = [sys.executable, "-c", "while True: pass"]
+CHAT = "/v1/chat/completions"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -71,7 +72,7 @@ async def steady_load(base: str, model: str, cal: ds.Calibration, args, seconds:
                       marks: dict[str, float], on_time) -> list[RequestOutput]:
     """--concurrency streams that start a new request as soon as one ends, for `seconds`.
     on_time(elapsed) is polled every 0.1 s (it starts and stops the neighbour)."""
-    url, outs = base + "/v1/chat/completions", []
+    url, outs = base + CHAT, []
     start = time.perf_counter()
     marks["start"] = start
     stop_at = start + seconds
@@ -241,10 +242,16 @@ def our_thread_figures(base: str) -> dict:
             "thread_changes": sum(c.get("thread_changes", 0) for c in contexts)}
 
 
-async def neighbour_run(base: str, args) -> dict:
+async def ready(base: str, args) -> tuple[str, ds.Calibration]:
+    """The server's model, its chat calibration, and warm-up requests."""
     model = first_model(base)
-    cal = await calibrate(base, "/v1/chat/completions", model, args.seed)
-    await warmup(base, "/v1/chat/completions", model, args.concurrency, args.seed)
+    cal = await calibrate(base, CHAT, model, args.seed)
+    await warmup(base, CHAT, model, args.concurrency, args.seed)
+    return model, cal
+
+
+async def neighbour_run(base: str, args) -> dict:
+    model, cal = await ready(base, args)
     T, neighbour, marks = args.phase_seconds, Neighbour(), {}
     phases = {"neighbour_on": None, "neighbour_off": None}
     ledger = CpuLedger(server_process(base))
@@ -281,9 +288,7 @@ async def neighbour_run(base: str, args) -> dict:
 
 
 async def quota_run(base: str, args) -> dict:
-    model = first_model(base)
-    cal = await calibrate(base, "/v1/chat/completions", model, args.seed)
-    await warmup(base, "/v1/chat/completions", model, args.concurrency, args.seed)
+    model, cal = await ready(base, args)
     marks: dict[str, float] = {}
     seconds = args.phase_seconds
     outs = await steady_load(base, model, cal, args, seconds, marks, lambda _: None)

@@ -103,9 +103,9 @@ class Worker:
         self.submitted = 0            # written by the event loop only
         self.finished = 0             # written by the worker thread only
         self.failed: str | None = None
-        self.steps = 0
-        self.governor = self._governor(config)
-        self.meter = CpuMeter() if self.governor else None
+        self.meter = _meter(config)
+        self.governor = (ThreadGovernor(config.n_threads, len(self.meter.cpus), config.thread_share,
+                                        ticks_per_second=self.meter.hz) if self.meter else None)
         self.thread_changes = 0
         self.times = StepTimes()
         self.publish_prefixes = publish_prefixes
@@ -114,11 +114,9 @@ class Worker:
         self._stop = False
         self._thread = threading.Thread(target=self._run, name=f"engine-{name}", daemon=True)
 
-    @staticmethod
-    def _governor(config: EngineConfig) -> ThreadGovernor | None:
-        if not config.adaptive_threads or config.n_threads < 2 or not CpuMeter.available():
-            return None
-        return ThreadGovernor(config.n_threads, len(CpuMeter().cpus), config.thread_share)
+    @property
+    def steps(self) -> int:
+        return self.times.steps
 
     @property
     def threads(self) -> int:
@@ -247,7 +245,6 @@ class Worker:
             self.scheduler.advance(StepPlan(chunks=group))
             events += self._sample(group)
             times.sample_s += time.perf_counter() - t_decoded
-        self.steps += 1
         times.steps += 1
         self.observer.on_step(self, plan.num_tokens, time.perf_counter() - t0)
         return events
@@ -377,6 +374,13 @@ class Worker:
             kv_cached_blocks=m.num_cached_blocks, live_seqs=len(m.live),
             prefix_query_tokens=m.query_tokens, prefix_hit_tokens=m.hit_tokens,
             num_preemptions=s.num_preemptions, failed=self.failed)
+
+
+def _meter(config: EngineConfig) -> CpuMeter | None:
+    """A CPU meter for the thread governor, when adaptive threads apply to this context."""
+    if not config.adaptive_threads or config.n_threads < 2 or not CpuMeter.available():
+        return None
+    return CpuMeter()
 
 
 def _put_all(events: list[Delivery]) -> None:

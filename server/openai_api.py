@@ -12,6 +12,7 @@ from sse_starlette.sse import EventSourceResponse
 
 from server.errors import APIError, error_body
 from server.fields import UNSUPPORTED_CHAT, UNSUPPORTED_COMPLETION, check_fields, unsupported
+from server.model_routes import model_object
 from server.openai_format import Kind, OpenAIFormat, sse
 from server.schemas import (ChatCompletionRequest, CompletionRequest, SamplingFields,
                             UnsupportedContent)
@@ -28,11 +29,7 @@ def service(http: HTTPRequest) -> Service:
 
 @router.get("/models")
 async def list_models(http: HTTPRequest) -> dict:
-    svc = service(http)
-    return {"object": "list", "data": [
-        {"id": lm.name, "object": "model", "created": lm.created, "owned_by": "pagedllama",
-         "max_model_len": lm.max_seq_len, "contexts": len(lm.workers), "gguf": lm.facts}
-        for lm in svc.models.values()]}
+    return {"object": "list", "data": [model_object(lm) for lm in service(http).models.values()]}
 
 
 @router.post("/chat/completions")

@@ -5,11 +5,10 @@ import os
 import socket
 import subprocess
 import sys
-import time
 from contextlib import contextmanager
 from pathlib import Path
 
-import httpx
+from cluster.processes import wait_http
 
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = ROOT / "models"
@@ -38,18 +37,10 @@ def running_server(env: dict[str, str] | None = None, startup_timeout: float = 1
         cwd=ROOT, env=full_env, stdout=log, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + startup_timeout
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"server exited ({proc.returncode}):\n{log_path.read_text()}")
-            try:
-                if httpx.get(f"{base}/health", timeout=1.0).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"server did not start:\n{log_path.read_text()}")
-            time.sleep(0.2)
+        try:
+            wait_http(f"{base}/health", proc, startup_timeout, "server")
+        except RuntimeError as exc:
+            raise RuntimeError(f"{exc}:\n{log_path.read_text()}") from None
         yield base
     finally:
         proc.terminate()
