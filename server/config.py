@@ -26,6 +26,7 @@ class Settings:
     models: list[ModelSpec]
     log_level: str = "info"
     api_key: str | None = None
+    max_n: int = 8                          # most choices (n) one request may ask for
 
 
 def _env(name: str, default: str) -> str:
@@ -70,7 +71,8 @@ def load_settings() -> Settings:
         models = [ModelSpec(_env("MODEL_NAME", model_name(path)), path, base,
                             int(_env("CONTEXTS", "1")), gpu_layers=int(gpu) if gpu else None)]
     _partition_threads(models)
-    return Settings(models, _env("LOG_LEVEL", "info"), os.environ.get("PAGEDLLAMA_API_KEY"))
+    return Settings(models, _env("LOG_LEVEL", "info"), os.environ.get("PAGEDLLAMA_API_KEY"),
+                    int(_env("MAX_N", "8")))
 
 
 _ENGINE_KEYS = {f.name for f in fields(EngineConfig)}

@@ -100,6 +100,7 @@ class ChatCompletionRequest(SamplingFields):
 class CompletionRequest(SamplingFields):
     model: str
     prompt: str | list[int] | list[str] | list[list[int]]
+    max_tokens: int | None = Field(None, ge=0)    # 0: score the prompt only (with echo)
     echo: bool = False
     logprobs: int | None = Field(None, ge=0, le=5)
 
