@@ -182,3 +182,12 @@ def test_echo_logprobs_of_a_repeated_prompt_are_the_same(client, model_name):
               max_tokens=0, echo=True, logprobs=1)
     a, b = (client.completions.create(**kw).choices[0].logprobs for _ in range(2))
     assert a.token_logprobs == b.token_logprobs
+
+
+def test_a_streamed_echo_sends_the_prompt_and_its_logprobs_first(client, model_name):
+    chunks = list(client.completions.create(model=model_name, prompt="Paris is in", max_tokens=3,
+                                            temperature=0, echo=True, logprobs=1, stream=True))
+    first = chunks[0].choices[0]
+    assert first.text == "Paris is in" and first.logprobs.token_logprobs[0] is None
+    assert "".join(first.logprobs.tokens) == "Paris is in"
+    assert "".join(c.choices[0].text for c in chunks if c.choices).startswith("Paris is in")
