@@ -10,23 +10,24 @@ from typing import Literal
 
 import numpy as np
 from fastapi import APIRouter, Request as HTTPRequest
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
 from server.errors import APIError
 from server.model_routes import check_tokens
+from server.schemas import Body, Int
 from server.service import LoadedModel, Service
 
 router = APIRouter(prefix="/v1")
 MAX_INPUTS = 2048
 
 
-class EmbeddingRequest(BaseModel):
+class EmbeddingRequest(Body):
     model_config = ConfigDict(extra="ignore")
 
     model: str
-    input: str | list[str] | list[int] | list[list[int]]
+    input: str | list[str] | list[Int] | list[list[Int]]
     encoding_format: Literal["float", "base64"] = "float"
-    dimensions: int | None = Field(None, ge=1)
+    dimensions: Int | None = Field(None, ge=1)
 
 
 async def _inputs(lm: LoadedModel, raw) -> list[list[int]]:

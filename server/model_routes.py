@@ -6,29 +6,30 @@ from __future__ import annotations
 import asyncio
 
 from fastapi import APIRouter, Request as HTTPRequest
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
 from server.errors import APIError
+from server.schemas import Body, Bool, Int
 from server.service import LoadedModel, Service
 
 router = APIRouter()
 
 
-class TokenizeRequest(BaseModel):
+class TokenizeRequest(Body):
     model_config = ConfigDict(extra="ignore")
 
     model: str | None = None
     content: str
-    add_special: bool = False
-    parse_special: bool = True
-    with_pieces: bool = False
+    add_special: Bool = False
+    parse_special: Bool = True
+    with_pieces: Bool = False
 
 
-class DetokenizeRequest(BaseModel):
+class DetokenizeRequest(Body):
     model_config = ConfigDict(extra="ignore")
 
     model: str | None = None
-    tokens: list[int] = Field(default_factory=list)
+    tokens: list[Int] = Field(default_factory=list)
 
 
 def model_object(lm: LoadedModel) -> dict:

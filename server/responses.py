@@ -24,7 +24,7 @@ from sse_starlette.sse import EventSourceResponse
 from engine import Request, Worker
 from scheduler import FinishReason
 from server.errors import APIError, error_body
-from server.schemas import SamplingFields
+from server.schemas import INT32_MAX, Bool, Int, SamplingFields
 from server.service import Service
 
 router = APIRouter(prefix="/v1")
@@ -42,10 +42,10 @@ class ResponsesRequest(SamplingFields):
     model: str
     input: str | list[dict[str, Any]]
     instructions: str | None = None
-    max_output_tokens: int | None = Field(None, ge=1)
-    store: bool | None = None
+    max_output_tokens: Int | None = Field(None, ge=1, le=INT32_MAX)
+    store: Bool | None = None
     previous_response_id: str | None = None
-    background: bool | None = None
+    background: Bool | None = None
     text: dict[str, Any] | None = None
     tools: list[dict[str, Any]] | None = None
     metadata: dict[str, Any] | None = None
