@@ -9,10 +9,11 @@ from fastapi import APIRouter, Request as HTTPRequest
 from pydantic import ConfigDict, Field
 
 from server.errors import APIError
+from server.openapi import ERROR_RESPONSES
 from server.schemas import Body, Bool, Int
 from server.service import LoadedModel, Service
 
-router = APIRouter()
+router = APIRouter(responses=ERROR_RESPONSES)
 
 
 class TokenizeRequest(Body):
@@ -67,8 +68,9 @@ async def get_model(model_id: str, http: HTTPRequest) -> dict:
 @router.post("/tokenize")
 async def tokenize(body: TokenizeRequest, http: HTTPRequest) -> dict:
     lm = pick_model(http, body.model)
-    tokens = await asyncio.to_thread(lm.model.tokenize, body.content, body.add_special,
-                                     body.parse_special)
+    svc: Service = http.app.state.service
+    tokens = await svc.prepare(lm, len(body.content), http, lambda: lm.model.tokenize(
+        body.content, body.add_special, body.parse_special))
     if body.with_pieces:
         return {"tokens": [{"id": t, "piece": _piece(lm, t)} for t in tokens]}
     return {"tokens": tokens}
