@@ -49,6 +49,17 @@ SURROGATE_BODIES = {
     "native prompt": ("/generate_stream", {"prompt": LONE}, "prompt"),
     "ignored extra field": ("/v1/completions", {"model": M, "prompt": "hi", "user": "\ud834"},
                             "user"),
+    "tool description": ("/v1/chat/completions", {**CHAT, "messages": [
+        {"role": "user", "content": "hi"}], "tools": [{"type": "function", "function": {
+            "name": "f", "description": LONE}}]}, "tools.0.function.description"),
+    "responses input": ("/v1/responses", {"model": M, "input": LONE}, "input"),
+    "streamed responses instructions": ("/v1/responses", {
+        "model": M, "input": "hi", "instructions": LONE, "stream": True}, "instructions"),
+    "responses input item": ("/v1/responses", {"model": M, "input": [
+        {"role": "user", "content": [{"type": "input_text", "text": LONE}]}]},
+        "input.0.content.0.text"),
+    "embeddings input": ("/v1/embeddings", {"model": M, "input": ["ok", LONE]}, "input.1"),
+    "tokenize content": ("/tokenize", {"content": LONE}, "content"),
 }
 
 
@@ -58,6 +69,11 @@ def test_a_lone_surrogate_is_a_400_naming_where_it_is(server_url, case):
     err = error(post(server_url, path, body), 400)
     assert err["code"] == "invalid_unicode" and err["param"] == where
     assert "surrogate" in err["message"]
+
+
+def test_a_model_id_that_is_not_utf8_is_a_404_that_still_encodes(server_url):
+    resp = httpx.get(f"{server_url}/v1/models/no-such-%ED%A0%80", timeout=10)
+    assert error(resp, 404)["code"] == "model_not_found"
 
 
 def test_an_escaped_surrogate_pair_is_ordinary_text(server_url):
@@ -103,6 +119,22 @@ def test_a_prompt_that_cannot_fit_is_rejected_without_tokenizing_it(server_url):
     err = error(post(server_url, "/v1/completions", {"model": M, "prompt": "<|im_end|>" * 15_000}),
                 400)
     assert err["code"] == "context_length_exceeded" and "at least" in err["message"]
+    assert time.monotonic() - t0 < 0.5
+
+
+def test_an_embedding_input_that_cannot_fit_is_rejected_without_tokenizing_it(server_url):
+    t0 = time.monotonic()
+    err = error(post(server_url, "/v1/embeddings", {"model": M, "input": "<|im_end|>" * 15_000}),
+                400)
+    assert err["code"] == "context_length_exceeded" and "at least" in err["message"]
+    assert time.monotonic() - t0 < 0.5
+
+
+def test_a_responses_input_that_cannot_fit_is_rejected_without_tokenizing_it(server_url):
+    t0 = time.monotonic()
+    err = error(post(server_url, "/v1/responses", {"model": M, "input": "<|im_end|>" * 15_000}),
+                400)
+    assert err["code"] == "context_length_exceeded"
     assert time.monotonic() - t0 < 0.5
 
 

@@ -9,6 +9,7 @@ import pytest
 from tests.server_proc import SMOLLM2_NAME, running_server
 
 KEY = "s3cret-key"
+ORIGIN = "https://app.example"
 
 
 @pytest.fixture(scope="module")
@@ -20,7 +21,8 @@ def edge_server():
 
 @pytest.fixture(scope="module")
 def key_server():
-    with running_server({"PAGEDLLAMA_API_KEY": KEY, "PAGEDLLAMA_PROTECT_METRICS": "1"}) as base:
+    with running_server({"PAGEDLLAMA_API_KEY": KEY, "PAGEDLLAMA_PROTECT_METRICS": "1",
+                         "PAGEDLLAMA_CORS_ORIGINS": ORIGIN}) as base:
         yield base
 
 
@@ -119,6 +121,40 @@ def test_401_comes_before_the_body_is_read(key_server):
     assert response.startswith(b"HTTP/1.1 401") and time.monotonic() - t0 < 1.0
 
 
+@pytest.mark.parametrize("method,path", [
+    ("POST", "/v1/responses"), ("POST", "/v1/embeddings"), ("POST", "/tokenize"),
+    ("POST", "/detokenize"), ("GET", f"/v1/models/{SMOLLM2_NAME}"), ("GET", "/v1/models"),
+    ("POST", "/generate_stream")])
+def test_every_api_route_needs_the_key_before_its_body_is_parsed(key_server, method, path):
+    resp = httpx.request(method, f"{key_server}{path}", content=b"{not json")
+    assert resp.status_code == 401 and resp.json()["error"]["code"] == "invalid_api_key"
+
+
+def test_tokenize_answers_with_the_key(key_server):
+    resp = httpx.post(f"{key_server}/tokenize", json={"content": "Hello"},
+                      headers={"authorization": f"Bearer {KEY}"})
+    assert resp.status_code == 200 and resp.json()["tokens"]
+
+
+@pytest.mark.parametrize("path", ["/server_info", "/get_server_info", "/model_info", "/get_load"])
+def test_the_router_probes_stay_open_with_a_key(key_server, path):
+    assert httpx.get(f"{key_server}{path}").status_code == 200
+
+
+def test_a_cors_preflight_is_answered_before_the_key_is_asked_for(key_server):
+    resp = httpx.options(f"{key_server}/v1/chat/completions", headers={
+        "origin": ORIGIN, "access-control-request-method": "POST",
+        "access-control-request-headers": "authorization, content-type"})
+    assert resp.status_code == 200
+    assert resp.headers["access-control-allow-origin"] == ORIGIN
+
+
+def test_the_edge_refusals_carry_cors_headers(key_server):
+    resp = httpx.post(f"{key_server}/v1/chat/completions", json={}, headers={"origin": ORIGIN})
+    assert resp.status_code == 401
+    assert resp.headers["access-control-allow-origin"] == ORIGIN
+
+
 @pytest.mark.parametrize("path", ["/metrics", "/stats", "/dashboard", "/docs", "/openapi.json"])
 def test_protect_metrics_puts_observability_behind_the_key(key_server, path):
     assert httpx.get(f"{key_server}{path}").status_code == 401
@@ -153,7 +189,7 @@ def test_openapi_documents_400_errors_and_never_422(server_url):
 
 def test_openapi_documents_event_streams(server_url):
     paths = httpx.get(f"{server_url}/openapi.json").json()["paths"]
-    for path in ("/v1/chat/completions", "/v1/completions", "/generate_stream"):
+    for path in ("/v1/chat/completions", "/v1/completions", "/generate_stream", "/v1/responses"):
         assert "text/event-stream" in paths[path]["post"]["responses"]["200"]["content"], path
 
 
@@ -163,5 +199,7 @@ def test_openapi_declares_the_bearer_scheme_only_where_a_key_is_required(server_
     keyed = httpx.get(f"{key_server}/openapi.json", headers={"authorization": f"Bearer {KEY}"}).json()
     assert keyed["components"]["securitySchemes"]["HTTPBearer"]["scheme"] == "bearer"
     secured = {p for p, _, op in operations(keyed) if op.get("security")}
-    assert {"/v1/chat/completions", "/v1/completions", "/v1/models", "/generate_stream"} <= secured
+    assert {"/v1/chat/completions", "/v1/completions", "/v1/models", "/generate_stream",
+            "/v1/responses", "/v1/embeddings", "/v1/models/{model_id}", "/tokenize",
+            "/detokenize"} <= secured
     assert "/health" not in secured

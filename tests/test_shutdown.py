@@ -61,8 +61,8 @@ def wait_running(base: str, n: int, timeout: float = 60) -> None:
 def test_sigterm_lets_short_requests_finish_and_ends_long_ones_cleanly():
     with server_process({"PAGEDLLAMA_DRAIN_SECONDS": "4"}) as server:
         base = server.base
-        long_chat, long_text, short, plain, client = {}, {}, {}, {}, {}
-        events = [threading.Event() for _ in range(4)]
+        long_chat, long_text, short, plain, client, resp = {}, {}, {}, {}, {}, {}
+        events = [threading.Event() for _ in range(5)]
         chat_body = {"model": M, "messages": [{"role": "user", "content": "Tell a story."}]}
         threads = [
             threading.Thread(target=sse, args=(base, "/v1/chat/completions",
@@ -73,12 +73,15 @@ def test_sigterm_lets_short_requests_finish_and_ends_long_ones_cleanly():
             threading.Thread(target=openai_stream, args=(base, client, events[2])),
             threading.Thread(target=whole, args=(base, {"model": M, "prompt": "Twice", **LONG},
                                                  plain)),
+            threading.Thread(target=sse, args=(base, "/v1/responses",
+                                               {"model": M, "input": "Tell a story.", **LONG},
+                                               resp, events[4])),
         ]
         for t in threads:
             t.start()
-        for e in events[:3]:
+        for e in events[:3] + events[4:]:
             assert e.wait(60)
-        wait_running(base, 4)
+        wait_running(base, 5)
 
         server.proc.send_signal(signal.SIGTERM)
         t_term = time.monotonic()
@@ -106,11 +109,16 @@ def test_sigterm_lets_short_requests_finish_and_ends_long_ones_cleanly():
         assert error["code"] == "server_shutting_down" and error["type"] == "service_unavailable"
         assert 3.5 < stream["t"] - t_term < 8
     assert client["ended"] == "APIError" and "shutting down" in client["message"]
+    # a /v1/responses stream ends with its typed error event (no [DONE] in that API)
+    assert resp["ended"] == "closed", resp["ended"]
+    last = json.loads(resp["data"][-1])
+    assert last["type"] == "error" and last["code"] == "server_shutting_down"
+    assert json.loads(resp["data"][-2])["type"] == "response.output_text.delta"
     assert plain["status"] == 503 and plain["body"]["error"]["code"] == "server_shutting_down"
 
     assert exit_code in (0, -signal.SIGTERM) and t_exit - t_term < 12
     assert "ASGI callable returned without completing response" not in log
-    assert "ended 4 request(s) still running" in log
+    assert "ended 5 request(s) still running" in log
 
 
 def test_sigterm_exits_as_soon_as_running_requests_finish():
