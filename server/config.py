@@ -22,10 +22,22 @@ class ModelSpec:
 
 
 @dataclass
+class EdgeLimits:
+    """What the HTTP edge accepts (server/edge.py, server/protocol.py)."""
+    max_body_bytes: int = 192 * 1024   # 413 above this, before the body is parsed
+    read_timeout: float = 10.0         # a request head, and each read of a body, within this
+    keepalive_timeout: float = 5.0     # an idle connection is closed after this
+    max_header_bytes: int = 16 * 1024  # request line + headers; 431 above this
+    drain_seconds: float = 30.0        # SIGTERM: time running requests get to finish
+    protect_metrics: bool = False      # /metrics, /stats, /dashboard, /docs behind the API key
+
+
+@dataclass
 class Settings:
     models: list[ModelSpec]
     log_level: str = "info"
     api_key: str | None = None
+    edge: EdgeLimits = field(default_factory=EdgeLimits)
 
 
 def _env(name: str, default: str) -> str:
@@ -70,7 +82,25 @@ def load_settings() -> Settings:
         models = [ModelSpec(_env("MODEL_NAME", model_name(path)), path, base,
                             int(_env("CONTEXTS", "1")), gpu_layers=int(gpu) if gpu else None)]
     _partition_threads(models)
-    return Settings(models, _env("LOG_LEVEL", "info"), os.environ.get("PAGEDLLAMA_API_KEY"))
+    return Settings(models, _env("LOG_LEVEL", "info"), os.environ.get("PAGEDLLAMA_API_KEY"),
+                    edge_from_env(models))
+
+
+def default_max_body_bytes(models: list[ModelSpec]) -> int:
+    """64 KiB plus 64 bytes per token of the longest context: room for any prompt that can fit
+    (dense text is 4-12 bytes a token even with JSON escapes) and no more."""
+    return 64 * 1024 + 64 * max(m.engine.n_ctx for m in models)
+
+
+def edge_from_env(models: list[ModelSpec]) -> EdgeLimits:
+    body = _env("MAX_BODY_BYTES", "")
+    return EdgeLimits(
+        max_body_bytes=int(body) if body else default_max_body_bytes(models),
+        read_timeout=float(_env("READ_TIMEOUT", "10")),
+        keepalive_timeout=float(_env("KEEPALIVE_TIMEOUT", "5")),
+        max_header_bytes=int(_env("MAX_HEADER_BYTES", str(16 * 1024))),
+        drain_seconds=float(_env("DRAIN_SECONDS", str(EdgeLimits.drain_seconds))),
+        protect_metrics=_flag("PROTECT_METRICS", False))
 
 
 _ENGINE_KEYS = {f.name for f in fields(EngineConfig)}

@@ -13,14 +13,15 @@ from sse_starlette.sse import EventSourceResponse
 from server.errors import APIError, error_body
 from server.fields import UNSUPPORTED_CHAT, UNSUPPORTED_COMPLETION, check_fields, unsupported
 from server.model_routes import model_object
+from server.openapi import ERROR_RESPONSES, STREAMED
 from server.openai_format import Kind, OpenAIFormat, sse
 from server.schemas import (ChatCompletionRequest, CompletionRequest, SamplingFields,
                             UnsupportedContent)
 from server.structured import grammar_for
 from server.tools import parse_tools, render_messages
-from server.service import Generation, LoadedModel, Service
+from server.service import Generation, LoadedModel, Service, error_status
 
-router = APIRouter(prefix="/v1")
+router = APIRouter(prefix="/v1", responses=ERROR_RESPONSES)
 
 
 def service(http: HTTPRequest) -> Service:
@@ -32,7 +33,7 @@ async def list_models(http: HTTPRequest) -> dict:
     return {"object": "list", "data": [model_object(lm) for lm in service(http).models.values()]}
 
 
-@router.post("/chat/completions")
+@router.post("/chat/completions", responses=STREAMED)
 async def chat_completions(body: ChatCompletionRequest, http: HTTPRequest):
     check_fields(body, UNSUPPORTED_CHAT)
     _check_n(body)
@@ -53,14 +54,14 @@ async def chat_completions(body: ChatCompletionRequest, http: HTTPRequest):
     if body.continue_final_message and body.add_generation_prompt:
         raise APIError(400, "continue_final_message needs add_generation_prompt: false",
                        "invalid_value", "continue_final_message")
-    prompt = await svc.chat_prompt(lm, render_messages(messages, use), body.add_generation_prompt,
-                                   body.continue_final_message)
     max_tokens = body.max_completion_tokens or body.max_tokens
+    prompt = await svc.chat_prompt(lm, render_messages(messages, use), max_tokens, http,
+                                   body.add_generation_prompt, body.continue_final_message)
     gen = svc.generate(lm, prompt, body, max_tokens, http, grammar or use.grammar())
     return await _respond(svc, gen, _format("chat", lm, body, tools=use.active))
 
 
-@router.post("/completions")
+@router.post("/completions", responses=STREAMED)
 async def completions(body: CompletionRequest, http: HTTPRequest):
     check_fields(body, UNSUPPORTED_COMPLETION)
     _check_n(body)
@@ -75,7 +76,7 @@ async def completions(body: CompletionRequest, http: HTTPRequest):
     if isinstance(prompt_in, str):
         if not prompt_in:
             raise APIError(400, "the prompt is empty", "empty_prompt", "prompt")
-        prompt = await svc.text_prompt(lm, prompt_in)
+        prompt = await svc.text_prompt(lm, prompt_in, body.max_tokens or 16, http)
     else:
         prompt = list(prompt_in)
     echo = prompt_in if body.echo and isinstance(prompt_in, str) else ""
@@ -113,8 +114,10 @@ async def _stream(svc: Service, gen: Generation, fmt: OpenAIFormat) -> AsyncIter
         yield chunk
     held = []
     async for event in svc.stream(gen):
-        if event.error:
-            yield sse(error_body(500, event.error, "engine_error"))
+        if event.error:   # the stream still ends as streams do: with [DONE]
+            status, code = error_status(event)
+            yield sse(error_body(status, event.error, code))
+            yield sse("[DONE]")
             return
         if event.text and fmt.tools:
             held.append(event.text)
