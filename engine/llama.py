@@ -142,7 +142,7 @@ class ContextConfig:
     n_batch: int = 256          # tokens per llama_decode; also n_ubatch, so a batch is never split
     n_threads: int = 2
     kv_unified: bool = True
-    flash_attn: bool = True
+    flash_attn: bool = False
 
 
 class Context:

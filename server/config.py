@@ -58,7 +58,7 @@ def engine_from_env() -> EngineConfig:
         prefill_chunk=int(_env("PREFILL_CHUNK", "16")),
         prefix_caching=_flag("PREFIX_CACHING", True),
         kv_unified=_flag("KV_UNIFIED", False),
-        flash_attn=_flag("FLASH_ATTN", True),
+        flash_attn=_flag("FLASH_ATTN", False),
         scheduler=_env("SCHEDULER", "fifo"),
         preemption=_env("PREEMPTION", "swap"),
         max_queue=int(_env("MAX_QUEUE", "256")),
