@@ -39,8 +39,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--n-seq-max", type=int, default=16, help="raw loop's sequences")
     p.add_argument("--kv-unified", action="store_true",
                    help="unified KV in the raw loop and the server (default: split)")
-    p.add_argument("--no-flash-attn", dest="flash_attn", action="store_false",
-                   help="plain attention in the raw loop and the server (default: flash)")
+    p.add_argument("--flash-attn", action="store_true",
+                   help="flash attention in the raw loop and the server (default: plain)")
     p.add_argument("--reps", type=int, default=1, help="alternating repetitions (median kept)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--base-url", default=None,

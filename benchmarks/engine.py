@@ -30,8 +30,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--n-ctx", type=int, default=0,
                    help="cells per sequence (default: input + output rounded up to 256)")
     p.add_argument("--kv-unified", action="store_true", help="one KV pool (default: split)")
-    p.add_argument("--no-flash-attn", dest="flash_attn", action="store_false",
-                   help="plain attention (default: flash attention, as the server)")
+    p.add_argument("--flash-attn", action="store_true",
+                   help="flash attention (default: plain attention, as the server)")
     p.add_argument("--reps", type=int, default=1, help="runs per batch size; the best is kept")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--result-file", default=None)

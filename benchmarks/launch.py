@@ -44,7 +44,8 @@ def our_server(model: str | Path = DEFAULT_MODEL, threads: int = 2, n_ctx: int =
     cmd = [sys.executable, "-m", "uvicorn", "server.main:app", "--host", "127.0.0.1",
            "--port", str(port), "--no-access-log"]
     full_env = {"PAGEDLLAMA_MODEL": str(model), "PAGEDLLAMA_THREADS": str(threads),
-                "PAGEDLLAMA_N_CTX": str(n_ctx), "PAGEDLLAMA_LOG_LEVEL": "warning", **(env or {})}
+                "PAGEDLLAMA_N_CTX": str(n_ctx), "PAGEDLLAMA_LOG_LEVEL": "warning",
+                "PAGEDLLAMA_DRAIN_SECONDS": "5", **(env or {})}   # stop() waits 30 s at most
     return ServerSpec("pagedllama", cmd, port, full_env)
 
 

@@ -95,6 +95,37 @@ class Model:
         n = C.llama_token_to_piece(self.vocab, token, buf, 256, 0, True)
         return buf.raw[:max(n, 0)].decode("utf-8", errors="replace")
 
+    def token_bytes(self, token: int, buf=None) -> bytes:
+        """A token's text as bytes, special tokens shown."""
+        buf = ctypes.create_string_buffer(1024) if buf is None else buf
+        n = C.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, True)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = C.llama_token_to_piece(self.vocab, token, buf, -n, 0, True)
+        return buf.raw[:max(n, 0)]
+
+    def byte_weights(self) -> np.ndarray | None:
+        """For each byte value b, 1 / (length of the longest token text that holds b), or 0 if no
+        token holds it. Every token covers at most its own text's length of input, so a text's
+        byte weights sum to a lower bound on its token count (server/prompts.py): computed
+        once, it lets a prompt that cannot fit be rejected without tokenizing it. None where
+        that does not hold: vocabularies that normalise input (WPM, UGM, ...) or special tokens
+        that strip the whitespace beside them."""
+        strip = C.LLAMA_TOKEN_ATTR_LSTRIP | C.LLAMA_TOKEN_ATTR_RSTRIP
+        if C.llama_vocab_type(self.vocab) not in (C.LLAMA_VOCAB_TYPE_BPE, C.LLAMA_VOCAB_TYPE_SPM):
+            return None
+        buf = ctypes.create_string_buffer(1024)
+        pieces = []
+        for token in range(self.n_vocab):
+            if C.llama_vocab_get_attr(self.vocab, token) & strip:
+                return None
+            pieces.append(self.token_bytes(token, buf))
+        data = np.frombuffer(b"".join(pieces), dtype=np.uint8)
+        lengths = np.repeat([len(p) for p in pieces], [len(p) for p in pieces])
+        reach = np.zeros(256, dtype=np.int64)
+        np.maximum.at(reach, data, lengths)
+        return np.divide(1.0, reach, out=np.zeros(256), where=reach > 0)
+
     def detokenize(self, tokens: list[int]) -> str:
         return b"".join(self.piece(t) for t in tokens).decode("utf-8", errors="replace")
 
@@ -111,7 +142,7 @@ class ContextConfig:
     n_batch: int = 256          # tokens per llama_decode; also n_ubatch, so a batch is never split
     n_threads: int = 2
     kv_unified: bool = True
-    flash_attn: bool = True
+    flash_attn: bool = False
 
 
 class Context:

@@ -48,7 +48,7 @@ class EngineConfig:
     prefill_chunk: int = 16           # aligned prompt chunk size (see benchmarks.chunking)
     prefix_caching: bool = True
     kv_unified: bool = False
-    flash_attn: bool = True           # off is faster on CPU but not batch-invariant (README)
+    flash_attn: bool = False          # on: not batch- or thread-invariant past 512 cells (README)
     scheduler: str = "fifo"
     preemption: str = "swap"
     max_queue: int = 256

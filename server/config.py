@@ -22,10 +22,22 @@ class ModelSpec:
 
 
 @dataclass
+class EdgeLimits:
+    """What the HTTP edge accepts (server/edge.py, server/protocol.py)."""
+    max_body_bytes: int = 192 * 1024   # 413 above this, before the body is parsed
+    read_timeout: float = 10.0         # a request head, and each read of a body, within this
+    keepalive_timeout: float = 5.0     # an idle connection is closed after this
+    max_header_bytes: int = 16 * 1024  # request line + headers; 431 above this
+    drain_seconds: float = 30.0        # SIGTERM: time running requests get to finish
+    protect_metrics: bool = False      # /metrics, /stats, /dashboard, /docs behind the API key
+
+
+@dataclass
 class Settings:
     models: list[ModelSpec]
     log_level: str = "info"
     api_key: str | None = None
+    edge: EdgeLimits = field(default_factory=EdgeLimits)
     max_n: int = 8                          # most choices (n) one request may ask for
 
 
@@ -47,7 +59,7 @@ def engine_from_env() -> EngineConfig:
         prefill_chunk=int(_env("PREFILL_CHUNK", "16")),
         prefix_caching=_flag("PREFIX_CACHING", True),
         kv_unified=_flag("KV_UNIFIED", False),
-        flash_attn=_flag("FLASH_ATTN", True),
+        flash_attn=_flag("FLASH_ATTN", False),
         scheduler=_env("SCHEDULER", "fifo"),
         preemption=_env("PREEMPTION", "swap"),
         max_queue=int(_env("MAX_QUEUE", "256")),
@@ -72,7 +84,24 @@ def load_settings() -> Settings:
                             int(_env("CONTEXTS", "1")), gpu_layers=int(gpu) if gpu else None)]
     _partition_threads(models)
     return Settings(models, _env("LOG_LEVEL", "info"), os.environ.get("PAGEDLLAMA_API_KEY"),
-                    int(_env("MAX_N", "8")))
+                    edge_from_env(models), int(_env("MAX_N", "8")))
+
+
+def default_max_body_bytes(models: list[ModelSpec]) -> int:
+    """64 KiB plus 64 bytes per token of the longest context: room for any prompt that can fit
+    (dense text is 4-12 bytes a token even with JSON escapes) and no more."""
+    return 64 * 1024 + 64 * max(m.engine.n_ctx for m in models)
+
+
+def edge_from_env(models: list[ModelSpec]) -> EdgeLimits:
+    body = _env("MAX_BODY_BYTES", "")
+    return EdgeLimits(
+        max_body_bytes=int(body) if body else default_max_body_bytes(models),
+        read_timeout=float(_env("READ_TIMEOUT", "10")),
+        keepalive_timeout=float(_env("KEEPALIVE_TIMEOUT", "5")),
+        max_header_bytes=int(_env("MAX_HEADER_BYTES", str(16 * 1024))),
+        drain_seconds=float(_env("DRAIN_SECONDS", str(EdgeLimits.drain_seconds))),
+        protect_metrics=_flag("PROTECT_METRICS", False))
 
 
 _ENGINE_KEYS = {f.name for f in fields(EngineConfig)}

@@ -10,38 +10,50 @@ from typing import Literal
 
 import numpy as np
 from fastapi import APIRouter, Request as HTTPRequest
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
 from server.errors import APIError
 from server.model_routes import check_tokens
+from server.openapi import ERROR_RESPONSES
+from server.schemas import Body, Int
 from server.service import LoadedModel, Service
 
-router = APIRouter(prefix="/v1")
+router = APIRouter(prefix="/v1", responses=ERROR_RESPONSES)
 MAX_INPUTS = 2048
 
 
-class EmbeddingRequest(BaseModel):
+class EmbeddingRequest(Body):
     model_config = ConfigDict(extra="ignore")
 
     model: str
-    input: str | list[str] | list[int] | list[list[int]]
+    input: str | list[str] | list[Int] | list[list[Int]]
     encoding_format: Literal["float", "base64"] = "float"
-    dimensions: int | None = Field(None, ge=1)
+    dimensions: Int | None = Field(None, ge=1)
 
 
-async def _inputs(lm: LoadedModel, raw) -> list[list[int]]:
-    """Every input as token ids (text is tokenized with the model's BOS, as for a prompt)."""
+async def _inputs(svc: Service, lm: LoadedModel, raw, http: HTTPRequest) -> list[list[int]]:
+    """Every input as token ids (text is tokenized with the model's BOS, as for a prompt, on
+    the bounded prompt pool; a text whose token bound already exceeds the embedding context is
+    refused without tokenizing)."""
     items = [raw] if isinstance(raw, str) or (raw and isinstance(raw[0], int)) else list(raw)
     if not items:
         raise APIError(400, "input is empty", "empty_input", "input")
     if len(items) > MAX_INPUTS:
         raise APIError(400, f"at most {MAX_INPUTS} inputs per request", "invalid_value", "input")
+    texts = [item for item in items if isinstance(item, str)]
+    for text in texts:
+        if not text:
+            raise APIError(400, "an input string is empty", "empty_input", "input")
+        at_least = lm.bound.at_least(text)
+        if at_least > lm.embedder.n_ctx:
+            raise APIError(400, f"each input must have 1 to {lm.embedder.n_ctx} tokens; one has "
+                           f"at least {at_least}", "context_length_exceeded", "input")
+    if texts:
+        tokenized = iter(await svc.prepare(lm, sum(len(t) for t in texts), http,
+                                           lambda: [lm.model.tokenize(t, True) for t in texts]))
+        items = [next(tokenized) if isinstance(item, str) else item for item in items]
     out = []
     for item in items:
-        if isinstance(item, str):
-            if not item:
-                raise APIError(400, "an input string is empty", "empty_input", "input")
-            item = await asyncio.to_thread(lm.model.tokenize, item, True)
         check_tokens(lm, item, "input")
         if not 0 < len(item) <= lm.embedder.n_ctx:
             raise APIError(400, f"each input must have 1 to {lm.embedder.n_ctx} tokens; one has "
@@ -63,7 +75,7 @@ async def embeddings(body: EmbeddingRequest, http: HTTPRequest) -> dict:
     if body.dimensions is not None and body.dimensions != lm.embedder.n_embd:
         raise APIError(400, f"dimensions must be {lm.embedder.n_embd} for '{lm.name}' (vectors "
                        "are not truncated)", "unsupported_parameter", "dimensions")
-    inputs = await _inputs(lm, body.input)
+    inputs = await _inputs(svc, lm, body.input, http)
     loop = asyncio.get_running_loop()
     vectors = await loop.run_in_executor(lm.embed_executor,
                                          lambda: [lm.embedder.embed(t) for t in inputs])

@@ -13,7 +13,8 @@ log = logging.getLogger("pagedllama.server")
 
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
           408: "timeout_error", 413: "invalid_request_error", 422: "invalid_request_error",
-          429: "rate_limit_exceeded", 500: "server_error", 503: "service_unavailable"}
+          431: "invalid_request_error", 429: "rate_limit_exceeded", 500: "server_error",
+          503: "service_unavailable"}
 
 
 class APIError(Exception):
@@ -27,9 +28,16 @@ class APIError(Exception):
         return error_body(self.status, self.message, self.code, self.param)
 
 
+def printable(text: str) -> str:
+    """Text that can be encoded as UTF-8: lone surrogates (from a client's JSON) become U+FFFD,
+    so an error message that quotes client input can always be sent."""
+    return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+
+
 def error_body(status: int, message: str, code: str | None = None, param: str | None = None) -> dict:
-    return {"error": {"message": message, "type": _TYPES.get(status, "invalid_request_error"),
-                      "param": param, "code": code}}
+    return {"error": {"message": printable(message),
+                      "type": _TYPES.get(status, "invalid_request_error"),
+                      "param": None if param is None else printable(param), "code": code}}
 
 
 def error_response(status: int, message: str, code: str | None = None, param: str | None = None,
@@ -38,19 +46,23 @@ def error_response(status: int, message: str, code: str | None = None, param: st
                         headers=headers)
 
 
-def _describe(exc: RequestValidationError) -> tuple[str, str | None]:
+def _describe(exc: RequestValidationError) -> tuple[str, str | None, str]:
+    """(message, param, code) of the first validation error."""
     errors = exc.errors()
     if not errors:
-        return "invalid request", None
+        return "invalid request", None, "invalid_json"
     first = errors[0]
     if first.get("type") == "json_invalid":
-        return "request body is not valid JSON", None
+        return "request body is not valid JSON", None, "invalid_json"
+    if first.get("type") == "invalid_unicode":
+        return first["msg"], first["ctx"]["where"], "invalid_unicode"
     loc = [str(p) for p in first.get("loc", ()) if p != "body"]
     where = ".".join(loc)
+    code = "invalid_value" if where else "invalid_json"
     if first.get("type") == "missing":
-        return f"missing required field '{where}'", where or None
+        return f"missing required field '{where}'", where or None, code
     message = first.get("msg", "invalid value")
-    return (f"{where}: {message}" if where else message), where or None
+    return (f"{where}: {message}" if where else message), where or None, code
 
 
 def install(app: FastAPI) -> None:
@@ -60,8 +72,8 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError):
-        message, param = _describe(exc)
-        return error_response(400, message, "invalid_value" if param else "invalid_json", param)
+        message, param, code = _describe(exc)
+        return error_response(400, message, code, param)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException):

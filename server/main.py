@@ -1,15 +1,21 @@
 """The FastAPI app: `uvicorn server.main:app`."""
 from __future__ import annotations
 
+import hmac
 import logging
 from contextlib import asynccontextmanager
 
-from fastapi import Depends, FastAPI, Request
+from fastapi import Depends, FastAPI, Request, Security
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from server import (cors, embeddings, errors, model_routes, native, observability, openai_api,
-                    responses, router_info)
+                    openapi, protocol, responses, router_info)
 from server.config import load_settings
+from server.drain import Drain
+from server.edge import Edge
 from server.service import Service
+
+log = logging.getLogger("pagedllama.server")
 
 
 def _setup_logging(level: str) -> None:
@@ -36,22 +42,40 @@ async def lifespan(app: FastAPI):
     service = Service(settings, _observer())
     service.start()
     app.state.service = service
+    drain = app.state.drain = Drain(settings.edge.drain_seconds, service.end_all)
+    if protocol.install(settings.edge):       # before the drain takes SIGTERM from uvicorn
+        log.info("HTTP limits: body %d bytes, header %d bytes, read timeout %g s, keep-alive "
+                 "%g s", settings.edge.max_body_bytes, settings.edge.max_header_bytes,
+                 settings.edge.read_timeout, settings.edge.keepalive_timeout)
+    drain.install()
     try:
         yield
     finally:
+        drain.uninstall()
         service.stop()
 
 
-async def require_api_key(request: Request) -> None:
+bearer = HTTPBearer(auto_error=False, description="PAGEDLLAMA_API_KEY, when it is set")
+
+
+async def require_api_key(request: Request,
+                          credentials: HTTPAuthorizationCredentials | None = Security(bearer)):
     """With PAGEDLLAMA_API_KEY set, generation and model routes need `Authorization: Bearer KEY`.
-    (A dependency, not an HTTP middleware: BaseHTTPMiddleware hides client disconnects.)"""
+    Declares the bearer scheme in the OpenAPI schema. The check that matters runs earlier, in
+    server/edge.py, before the body is read; this one repeats it (constant time)."""
     key = request.app.state.settings.api_key
-    if key and request.headers.get("authorization") != f"Bearer {key}":
+    given = credentials.credentials.encode() if credentials else b""
+    if key and not hmac.compare_digest(given, key.encode()):
         raise errors.APIError(401, "invalid or missing API key", "invalid_api_key")
 
 
 app = FastAPI(title="pagedllama", lifespan=lifespan)
 errors.install(app)
+openapi.install(app)
+# Middleware: the last added runs first. CORS is outermost, so a preflight OPTIONS is answered
+# before the edge asks for an API key, and the edge's own 401/413/503 answers get CORS headers;
+# the edge then refuses (draining, key, body size) before any body is read or parsed.
+app.add_middleware(Edge)
 cors.install(app, cors.origins_from_env())
 app.include_router(openai_api.router, dependencies=[Depends(require_api_key)])
 app.include_router(responses.router, dependencies=[Depends(require_api_key)])
@@ -61,5 +85,3 @@ app.include_router(native.router, dependencies=[Depends(require_api_key)])
 app.include_router(native.public)
 app.include_router(observability.router)
 app.include_router(router_info.router)   # what sglang-router probes on its workers
-
-

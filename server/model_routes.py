@@ -6,29 +6,31 @@ from __future__ import annotations
 import asyncio
 
 from fastapi import APIRouter, Request as HTTPRequest
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
 from server.errors import APIError
+from server.openapi import ERROR_RESPONSES
+from server.schemas import Body, Bool, Int
 from server.service import LoadedModel, Service
 
-router = APIRouter()
+router = APIRouter(responses=ERROR_RESPONSES)
 
 
-class TokenizeRequest(BaseModel):
+class TokenizeRequest(Body):
     model_config = ConfigDict(extra="ignore")
 
     model: str | None = None
     content: str
-    add_special: bool = False
-    parse_special: bool = True
-    with_pieces: bool = False
+    add_special: Bool = False
+    parse_special: Bool = True
+    with_pieces: Bool = False
 
 
-class DetokenizeRequest(BaseModel):
+class DetokenizeRequest(Body):
     model_config = ConfigDict(extra="ignore")
 
     model: str | None = None
-    tokens: list[int] = Field(default_factory=list)
+    tokens: list[Int] = Field(default_factory=list)
 
 
 def model_object(lm: LoadedModel) -> dict:
@@ -66,8 +68,9 @@ async def get_model(model_id: str, http: HTTPRequest) -> dict:
 @router.post("/tokenize")
 async def tokenize(body: TokenizeRequest, http: HTTPRequest) -> dict:
     lm = pick_model(http, body.model)
-    tokens = await asyncio.to_thread(lm.model.tokenize, body.content, body.add_special,
-                                     body.parse_special)
+    svc: Service = http.app.state.service
+    tokens = await svc.prepare(lm, len(body.content), http, lambda: lm.model.tokenize(
+        body.content, body.add_special, body.parse_special))
     if body.with_pieces:
         return {"tokens": [{"id": t, "piece": _piece(lm, t)} for t in tokens]}
     return {"tokens": tokens}

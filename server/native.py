@@ -12,11 +12,12 @@ from sse_starlette.sse import EventSourceResponse
 from engine import Request, Worker
 from server.errors import error_body
 from server.fields import check_fields, unsupported
+from server.openapi import ERROR_RESPONSES, STREAM_ONLY
 from server.schemas import GenerateRequest
-from server.service import Service
+from server.service import Service, error_status
 from server.structured import grammar_for
 
-router = APIRouter()
+router = APIRouter(responses=ERROR_RESPONSES)
 public = APIRouter()
 
 
@@ -25,12 +26,14 @@ async def health(http: HTTPRequest):
     svc: Service | None = getattr(http.app.state, "service", None)
     if svc is None or not svc.models:
         return JSONResponse({"status": "loading", "models": {}}, status_code=503)
+    if http.app.state.drain.draining:   # a load balancer stops routing here
+        return JSONResponse({"status": "draining", "models": {}}, status_code=503)
     models = {name: {"loaded": True, "contexts": [asdict(w.snapshot()) for w in lm.workers]}
               for name, lm in svc.models.items()}
     return {"status": "ok", "models": models}
 
 
-@router.post("/generate_stream")
+@router.post("/generate_stream", response_class=EventSourceResponse, responses=STREAM_ONLY)
 async def generate_stream(body: GenerateRequest, http: HTTPRequest):
     """SSE: one `token` event per piece of text ({"text": ...}), then one `done` event with the
     finish reason, token counts and timings (or an `error` event). The prompt is sent as a user
@@ -41,9 +44,10 @@ async def generate_stream(body: GenerateRequest, http: HTTPRequest):
     svc: Service = http.app.state.service
     lm = svc.get(body.model or next(iter(svc.models)))
     if lm.template is not None and not body.raw:   # an instruction, as a one-message chat
-        prompt = await svc.chat_prompt(lm, [{"role": "user", "content": body.prompt}])
+        prompt = await svc.chat_prompt(lm, [{"role": "user", "content": body.prompt}],
+                                       body.max_tokens, http)
     else:
-        prompt = await svc.text_prompt(lm, body.prompt)
+        prompt = await svc.text_prompt(lm, body.prompt, body.max_tokens, http)
     worker, req = svc.submit(lm, prompt, body, body.max_tokens, grammar_for(body, lm.model.vocab))
     return EventSourceResponse(_events(svc, worker, req, http), ping=15, sep="\n")
 
@@ -52,7 +56,8 @@ async def _events(svc: Service, worker: Worker, req: Request,
                   http: HTTPRequest) -> AsyncIterator[dict]:
     async for event in svc.events(worker, req, http):
         if event.error:
-            yield {"event": "error", "data": json.dumps(error_body(500, event.error, "engine_error"))}
+            status, code = error_status(event)
+            yield {"event": "error", "data": json.dumps(error_body(status, event.error, code))}
             return
         if event.text:
             yield {"event": "token", "data": json.dumps({"text": event.text}, ensure_ascii=False)}

@@ -14,14 +14,15 @@ from sse_starlette.sse import EventSourceResponse
 from server.errors import APIError, error_body
 from server.fields import UNSUPPORTED_CHAT, UNSUPPORTED_COMPLETION, check_fields, unsupported
 from server.model_routes import model_object
+from server.openapi import ERROR_RESPONSES, STREAMED
 from server.openai_format import Kind, OpenAIFormat, sse, usage
 from server.schemas import (ChatCompletionRequest, CompletionRequest, SamplingFields,
                             UnsupportedContent)
 from server.structured import grammar_for
 from server.tools import parse_tools, render_messages
-from server.service import Generation, LoadedModel, Service
+from server.service import Generation, LoadedModel, Service, error_status
 
-router = APIRouter(prefix="/v1")
+router = APIRouter(prefix="/v1", responses=ERROR_RESPONSES)
 
 
 def service(http: HTTPRequest) -> Service:
@@ -33,7 +34,7 @@ async def list_models(http: HTTPRequest) -> dict:
     return {"object": "list", "data": [model_object(lm) for lm in service(http).models.values()]}
 
 
-@router.post("/chat/completions")
+@router.post("/chat/completions", responses=STREAMED)
 async def chat_completions(body: ChatCompletionRequest, http: HTTPRequest):
     check_fields(body, UNSUPPORTED_CHAT)
     svc = service(http)
@@ -54,14 +55,14 @@ async def chat_completions(body: ChatCompletionRequest, http: HTTPRequest):
     if body.continue_final_message and body.add_generation_prompt:
         raise APIError(400, "continue_final_message needs add_generation_prompt: false",
                        "invalid_value", "continue_final_message")
-    prompt = await svc.chat_prompt(lm, render_messages(messages, use), body.add_generation_prompt,
-                                   body.continue_final_message)
     max_tokens = body.max_completion_tokens or body.max_tokens
+    prompt = await svc.chat_prompt(lm, render_messages(messages, use), max_tokens, http,
+                                   body.add_generation_prompt, body.continue_final_message)
     gen = svc.generate(lm, [prompt], body, max_tokens, http, grammar or use.grammar())
     return await _respond(svc, gen, _format("chat", lm, body, tools=use.active))
 
 
-@router.post("/completions")
+@router.post("/completions", responses=STREAMED)
 async def completions(body: CompletionRequest, http: HTTPRequest):
     check_fields(body, UNSUPPORTED_COMPLETION)
     svc = service(http)
@@ -71,18 +72,19 @@ async def completions(body: CompletionRequest, http: HTTPRequest):
     if len(prompts_in) * body.n > lm.spec.engine.max_seqs + lm.spec.engine.max_queue:
         raise APIError(400, f"{len(prompts_in)} prompts x n={body.n} choices is more than this "
                        "server queues at once", "invalid_value", "prompt")
-    prompts = []
-    for p in prompts_in:
-        if isinstance(p, str) and not p:
-            raise APIError(400, "the prompt is empty", "empty_prompt", "prompt")
-        prompts.append(await svc.text_prompt(lm, p) if isinstance(p, str) else list(p))
     if body.max_tokens == 0 and not body.echo:
         raise APIError(400, "max_tokens: 0 is only meaningful with echo (scoring the prompt)",
                        "invalid_value", "max_tokens")
+    max_tokens = 16 if body.max_tokens is None else body.max_tokens
+    prompts = []   # each string through the bounded prompt pool, refused before tokenizing
+    for p in prompts_in:
+        if isinstance(p, str) and not p:
+            raise APIError(400, "the prompt is empty", "empty_prompt", "prompt")
+        prompts.append(await svc.text_prompt(lm, p, max_tokens, http) if isinstance(p, str)
+                       else list(p))
+    gen = svc.generate(lm, prompts, body, max_tokens, http, grammar_for(body, lm.model.vocab))
     echo = ([p if isinstance(p, str) else lm.model.detokenize(p) for p in prompts_in]
-            if body.echo else [])
-    gen = svc.generate(lm, prompts, body, 16 if body.max_tokens is None else body.max_tokens,
-                       http, grammar_for(body, lm.model.vocab))
+            if body.echo else [])   # after generate: it has checked the token ids
     return await _respond(svc, gen, _format("completion", lm, body, echo, len(prompts)))
 
 
@@ -127,8 +129,10 @@ async def _stream(svc: Service, gen: Generation, fmt: OpenAIFormat) -> AsyncIter
     held: dict[int, list[str]] = defaultdict(list)
     started: set[int] = set()
     async for event in svc.stream(gen):
-        if event.error:
-            yield sse(error_body(500, event.error, "engine_error"))
+        if event.error:   # the stream still ends as streams do: with [DONE]
+            status, code = error_status(event)
+            yield sse(error_body(status, event.error, code))
+            yield sse("[DONE]")
             return
         i = event.index
         if i not in started:

@@ -24,10 +24,11 @@ from sse_starlette.sse import EventSourceResponse
 from engine import Request, Worker
 from scheduler import FinishReason
 from server.errors import APIError, error_body
-from server.schemas import SamplingFields
-from server.service import Service
+from server.openapi import ERROR_RESPONSES, RESPONSES_STREAMED
+from server.schemas import INT32_MAX, Bool, Int, SamplingFields
+from server.service import Service, error_status
 
-router = APIRouter(prefix="/v1")
+router = APIRouter(prefix="/v1", responses=ERROR_RESPONSES)
 _TEXT_PARTS = {"input_text", "output_text", "text"}
 _CHAT_ONLY = ("response_format", "json_schema", "grammar")
 # Accepted and ignored: they label or route a request, or only matter with tools (refused).
@@ -42,10 +43,10 @@ class ResponsesRequest(SamplingFields):
     model: str
     input: str | list[dict[str, Any]]
     instructions: str | None = None
-    max_output_tokens: int | None = Field(None, ge=1)
-    store: bool | None = None
+    max_output_tokens: Int | None = Field(None, ge=1, le=INT32_MAX)
+    store: Bool | None = None
     previous_response_id: str | None = None
-    background: bool | None = None
+    background: Bool | None = None
     text: dict[str, Any] | None = None
     tools: list[dict[str, Any]] | None = None
     metadata: dict[str, Any] | None = None
@@ -169,19 +170,21 @@ class ResponseState:
         return {"event": kind, "data": json.dumps(data, ensure_ascii=False)}
 
 
-@router.post("/responses")
+@router.post("/responses", responses=RESPONSES_STREAMED)
 async def create_response(body: ResponsesRequest, http: HTTPRequest):
     reject_unsupported(body)
     svc: Service = http.app.state.service
     lm = svc.get(body.model)
-    prompt = await svc.chat_prompt(lm, to_messages(body))
-    worker, req = svc.submit(lm, prompt, body, body.max_output_tokens or body.max_tokens)
+    max_tokens = body.max_output_tokens or body.max_tokens
+    prompt = await svc.chat_prompt(lm, to_messages(body), max_tokens, http)
+    worker, req = svc.submit(lm, prompt, body, max_tokens)
     state = ResponseState(body, lm.name, req)
     if body.stream:
         return EventSourceResponse(_stream(svc, worker, state, http), ping=15, sep="\n")
     async for event in svc.events(worker, req, http, poll_disconnect=True):
-        if event.error:
-            raise APIError(500, event.error, "engine_error")
+        if event.error:   # 500 engine_error, or 503 when a drain ended it
+            status, code = error_status(event)
+            raise APIError(status, event.error, code)
         state.text += event.text
         state.finish = event.finish_reason or state.finish
     if state.finish is None:   # the client went away
@@ -198,9 +201,10 @@ async def _stream(svc: Service, worker: Worker, s: ResponseState,
     yield s.event("response.content_part.added", **where,
                   part={"type": "output_text", "text": "", "annotations": [], "logprobs": []})
     async for event in svc.events(worker, s.req, http):
-        if event.error:
+        if event.error:   # the final event: an engine error, or a drain ended the response
+            status, code = error_status(event)
             yield {"event": "error", "data": json.dumps(
-                {**error_body(500, event.error, "engine_error")["error"], "type": "error",
+                {**error_body(status, event.error, code)["error"], "type": "error",
                  "sequence_number": s.seq})}
             return
         if event.text:

@@ -1,37 +1,91 @@
-"""Request bodies (OpenAI-compatible plus the extensions vLLM and llama-server accept)."""
+"""Request bodies (OpenAI-compatible plus the extensions vLLM and llama-server accept).
+
+Numbers and booleans are strict: `"max_tokens": true`, `"max_tokens": "16"`, `"priority": false`
+and non-finite floats (`1e400`, `NaN`) are 400s, not coerced. Every string anywhere in a body
+must be valid Unicode: a lone surrogate (`"\\ud800"`, which JSON allows) cannot be encoded to
+UTF-8 for the tokenizer or echoed back, so it is a 400 naming where it was found. Every request
+body (here, and in server/responses.py, server/embeddings.py, server/model_routes.py) derives
+from `Body`, which makes that check.
+"""
 from __future__ import annotations
 
-from typing import Any, Literal
+import re
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic_core import PydanticCustomError
+
+INT32_MAX = 2**31 - 1
+INT64_MAX = 2**63 - 1
+
+Int = Annotated[int, Field(strict=True)]
+Bool = Annotated[bool, Field(strict=True)]
+Float = Annotated[float, Field(strict=True, allow_inf_nan=False)]   # ints are still accepted
+TokenId = Annotated[int, Field(strict=True, ge=0, le=INT32_MAX)]
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
-class SamplingFields(BaseModel):
+def find_lone_surrogate(value: Any, path: str = "") -> str | None:
+    """Where (a dotted path) the first string holding a lone surrogate is, or None."""
+    if isinstance(value, str):
+        return path if _SURROGATE.search(value) else None
+    if isinstance(value, dict):
+        items = value.items()
+    elif isinstance(value, list):
+        items = enumerate(value)
+    else:
+        return None
+    for key, item in items:
+        key_path = f"{path}.{key}" if path else str(key)
+        if isinstance(key, str) and _SURROGATE.search(key):
+            return key_path
+        found = find_lone_surrogate(item, key_path)
+        if found is not None:
+            return found
+    return None
+
+
+class Body(BaseModel):
+    """A request body: no lone surrogate anywhere in it (known fields or not)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _valid_unicode(cls, data: Any) -> Any:
+        where = find_lone_surrogate(data)
+        if where is not None:
+            raise PydanticCustomError(
+                "invalid_unicode", "{where}: contains a lone UTF-16 surrogate (not valid "
+                "Unicode text)", {"where": where})
+        return data
+
+
+class SamplingFields(Body):
     # Unknown fields are kept (model_extra) so that server/fields.py can refuse them by name.
     model_config = ConfigDict(extra="allow")
 
     model: str | None = None
-    max_tokens: int | None = Field(None, ge=1)
-    temperature: float | None = Field(None, ge=0.0, le=2.0)
-    top_p: float | None = Field(None, gt=0.0, le=1.0)
-    top_k: int | None = Field(None, ge=-1)
-    min_p: float | None = Field(None, ge=0.0, le=1.0)
-    seed: int | None = None
-    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
-    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
-    repetition_penalty: float | None = Field(None, gt=0.0, le=10.0)
+    max_tokens: Int | None = Field(None, ge=1, le=INT32_MAX)
+    temperature: Float | None = Field(None, ge=0.0, le=2.0)
+    top_p: Float | None = Field(None, gt=0.0, le=1.0)
+    top_k: Int | None = Field(None, ge=-1, le=INT32_MAX)
+    min_p: Float | None = Field(None, ge=0.0, le=1.0)
+    seed: Int | None = Field(None, ge=-(2**63), le=2**64 - 1)
+    presence_penalty: Float | None = Field(None, ge=-2.0, le=2.0)
+    frequency_penalty: Float | None = Field(None, ge=-2.0, le=2.0)
+    repetition_penalty: Float | None = Field(None, gt=0.0, le=10.0)
     stop: str | list[str] | None = None
-    ignore_eos: bool = False
-    n: int = Field(1, ge=1)
-    stream: bool = False
+    ignore_eos: Bool = False
+    n: Int = Field(1, ge=1, le=INT32_MAX)   # above PAGEDLLAMA_MAX_N: a 400 in the routes
+    stream: Bool = False
     stream_options: StreamOptions | None = None
-    priority: int = 0
-    timeout: float | None = Field(None, gt=0.0, description="seconds before the request is ended")
+    priority: Int = Field(0, ge=-INT64_MAX, le=INT64_MAX)
+    timeout: Float | None = Field(None, gt=0.0, description="seconds before the request is ended")
     # structured output (server/structured.py): OpenAI's, and llama-server's two fields
     response_format: dict[str, Any] | None = None
     json_schema: dict[str, Any] | None = None
     grammar: str | None = None
-    logit_bias: dict[str, float] | None = None    # token id (as a string) -> bias in [-100, 100]
+    logit_bias: dict[str, Float] | None = None    # token id (as a string) -> bias in [-100, 100]
 
     @field_validator("stop")
     @classmethod
@@ -51,7 +105,7 @@ class SamplingFields(BaseModel):
 
 
 class StreamOptions(BaseModel):
-    include_usage: bool = False
+    include_usage: Bool = False
 
 
 class UnsupportedContent(ValueError):
@@ -80,15 +134,15 @@ class ChatMessage(BaseModel):
 class ChatCompletionRequest(SamplingFields):
     model: str
     messages: list[ChatMessage] = Field(..., min_length=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
-    logprobs: bool | None = None
-    top_logprobs: int | None = Field(None, ge=0, le=20)
+    max_completion_tokens: Int | None = Field(None, ge=1, le=INT32_MAX)
+    logprobs: Bool | None = None
+    top_logprobs: Int | None = Field(None, ge=0, le=20)
     tools: list[Any] | None = None          # server/tools.py checks each one
     tool_choice: str | dict[str, Any] | None = None
-    parallel_tool_calls: bool | None = None
+    parallel_tool_calls: Bool | None = None
     # vLLM's assistant prefill: continue the last (assistant) message instead of a new turn
-    add_generation_prompt: bool = True
-    continue_final_message: bool = False
+    add_generation_prompt: Bool = True
+    continue_final_message: Bool = False
 
 
     def logprobs_k(self) -> int | None:
@@ -99,10 +153,10 @@ class ChatCompletionRequest(SamplingFields):
 
 class CompletionRequest(SamplingFields):
     model: str
-    prompt: str | list[int] | list[str] | list[list[int]]
-    max_tokens: int | None = Field(None, ge=0)    # 0: score the prompt only (with echo)
-    echo: bool = False
-    logprobs: int | None = Field(None, ge=0, le=5)
+    prompt: str | list[TokenId] | list[str] | list[list[TokenId]]
+    max_tokens: Int | None = Field(None, ge=0, le=INT32_MAX)   # 0: score the prompt only (with echo)
+    echo: Bool = False
+    logprobs: Int | None = Field(None, ge=0, le=5)
 
     def logprobs_k(self) -> int | None:
         return self.logprobs
@@ -111,11 +165,23 @@ class CompletionRequest(SamplingFields):
 class GenerateRequest(SamplingFields):
     """The native /generate_stream body: a prompt and the same sampling fields."""
     prompt: str = Field(..., min_length=1)
-    max_tokens: int | None = Field(256, ge=1)
-    raw: bool = Field(False, description="send the prompt as is, without the chat template")
+    max_tokens: Int | None = Field(256, ge=1, le=INT32_MAX)
+    raw: Bool = Field(False, description="send the prompt as is, without the chat template")
 
 
 SamplingFields.model_rebuild()
 ChatCompletionRequest.model_rebuild()
 CompletionRequest.model_rebuild()
 GenerateRequest.model_rebuild()
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorResponse(BaseModel):
+    """Every error, in OpenAI's shape."""
+    error: ErrorDetail

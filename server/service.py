@@ -17,11 +17,14 @@ from engine.gguf_info import gguf_facts
 from engine.logprobs import TokenLogprob
 from scheduler import FinishReason
 from scheduler.router import pick_replica
+from server import faults
 from server.config import ModelSpec, Settings
 from server.errors import APIError
+from server.prompts import PromptPool, TokenBound
 from server.schemas import SamplingFields
 
 log = logging.getLogger("pagedllama.request")
+SHUTDOWN = FinishReason.ABORT   # with an error: the request a drain ended (engine errors: ERROR)
 
 
 @dataclass
@@ -32,7 +35,9 @@ class LoadedModel:
     facts: dict
     template: ChatTemplate | None
     embedder: Embedder   # its own llama.cpp context, created on the first /v1/embeddings
+    bound: TokenBound    # a lower bound on a text's tokens, before tokenizing it
     created: int = field(default_factory=lambda: int(time.time()))
+    preparing: int = 0   # requests rendering / tokenizing their prompt now
     embed_executor: ThreadPoolExecutor = field(
         default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="embed"))
 
@@ -43,6 +48,15 @@ class LoadedModel:
     @property
     def max_seq_len(self) -> int:
         return min(w.max_seq_len for w in self.workers)
+
+    @property
+    def capacity(self) -> int:
+        """Requests admitted at once (running + queued) before new ones get 429."""
+        return sum(w.config.max_seqs + w.config.max_queue for w in self.workers)
+
+    @property
+    def in_flight(self) -> int:
+        return self.preparing + sum(w.outstanding for w in self.workers)
 
 
 Part = tuple[Worker, Request]   # one prompt's first choice (its forks: the other n - 1) and worker
@@ -83,27 +97,43 @@ def choice_seed(seed: int | None, i: int) -> int | None:
     return None if seed is None or i == 0 else (seed + i * 0x9E3779B9) & 0xFFFFFFFF
 
 
+@dataclass(eq=False)
+class Live:
+    """An HTTP request's engine requests (every choice of every prompt: forks too) handed to
+    workers and not yet answered (what a drain ends)."""
+    choices: list[tuple[Worker, Request]]
+    finished: set[int] = field(default_factory=set)   # choice indices whose last event came
+
+
 class Service:
     def __init__(self, settings: Settings, observer: Observer | None = None):
         self.settings, self.observer = settings, observer
         self.models: dict[str, LoadedModel] = {}
+        self.pool = PromptPool()
+        self.live: set[Live] = set()
+        self.closing = False      # set once a drain has ended what ran: nothing new starts
+        self.shutdown_message = ""
 
     def start(self) -> None:
         loaded: dict[str, Model] = {}
+        bounds: dict[str, TokenBound] = {}
         for spec in self.settings.models:
             key = str(spec.path.resolve())
             model = loaded.get(key) or Model(spec.path, spec.gpu_layers)
             loaded[key] = model
+            bound = bounds.get(key) or TokenBound(model.byte_weights())
+            bounds[key] = bound
             workers = [Worker(f"{spec.name}/{i}", model, spec.engine, self.observer,
                               publish_prefixes=spec.contexts > 1)   # for the router
                        for i in range(spec.contexts)]
+            faults.inject(workers)
             template = None
             if model.chat_template:
                 template = ChatTemplate(model.chat_template, model.token_text(model.bos_id),
                                         model.token_text(model.eos_id))
             embedder = Embedder(model, spec.engine.n_ctx, spec.engine.n_threads)
             self.models[spec.name] = LoadedModel(spec, model, workers, gguf_facts(spec.path),
-                                                 template, embedder)
+                                                 template, embedder, bound)
             for w in workers:
                 w.start()
             log.info("serving %s from %s: %d context(s) x %d threads, n_ctx %d, %d sequences, "
@@ -112,6 +142,7 @@ class Service:
                      "unified" if spec.engine.kv_unified else "split")
 
     def stop(self) -> None:
+        self.pool.close()
         for lm in self.models.values():
             for w in lm.workers:
                 w.stop()
@@ -132,21 +163,60 @@ class Service:
         return lm
 
     # ---- prompts --------------------------------------------------------------------------------
-    async def chat_prompt(self, lm: LoadedModel, messages: list[dict],
-                          add_generation_prompt: bool = True,
+    # Every rendering and tokenization of client text runs here, on the bounded prompt pool
+    # (server/prompts.py): counted by admission control, dropped if the client leaves, and
+    # refused without tokenizing when the token bound shows it cannot fit.
+    async def chat_prompt(self, lm: LoadedModel, messages: list[dict], max_tokens: int | None,
+                          http: HTTPRequest, add_generation_prompt: bool = True,
                           continue_final_message: bool = False) -> list[int]:
         if lm.template is None:
             raise APIError(400, f"The model '{lm.name}' has no chat template in its GGUF file; "
                            "use /v1/completions with a plain prompt", "no_chat_template")
+        if len(messages) >= lm.max_seq_len:   # every message renders to a token at least
+            raise _too_long(lm.max_seq_len, len(messages), max_tokens, "messages")
+        cost = _text_size(messages) + 32 * len(messages)
+        return await self.prepare(lm, cost, http, lambda: self._render_and_tokenize(
+            lm, messages, max_tokens, add_generation_prompt, continue_final_message))
+
+    async def text_prompt(self, lm: LoadedModel, text: str, max_tokens: int | None,
+                          http: HTTPRequest) -> list[int]:
+        self._check_bound(lm, text, max_tokens, "prompt")
+        return await self.prepare(lm, len(text), http, lambda: lm.model.tokenize(text, True))
+
+    def _render_and_tokenize(self, lm: LoadedModel, messages: list[dict], max_tokens: int | None,
+                             add_generation_prompt: bool, continue_final_message: bool) -> list[int]:
+        """On a prompt-pool thread."""
         try:
             text = lm.template.render(messages, add_generation_prompt, continue_final_message)
         except ChatTemplateError as exc:
             raise APIError(400, str(exc), "chat_template_error", "messages") from exc
+        self._check_bound(lm, text, max_tokens, "messages")
         add_special = not (lm.template.bos_token and text.startswith(lm.template.bos_token))
-        return await asyncio.to_thread(lm.model.tokenize, text, add_special)
+        return lm.model.tokenize(text, add_special)
 
-    async def text_prompt(self, lm: LoadedModel, text: str) -> list[int]:
-        return await asyncio.to_thread(lm.model.tokenize, text, True)
+    def _check_bound(self, lm: LoadedModel, text: str, max_tokens: int | None, param: str) -> None:
+        """Reject, without tokenizing, a text that has more tokens than can fit."""
+        at_least = lm.bound.at_least(text)
+        if at_least + (max_tokens or 1) > lm.max_seq_len:
+            raise _too_long(lm.max_seq_len, at_least, max_tokens, param)
+
+    async def prepare(self, lm: LoadedModel, cost: int, http: HTTPRequest, work):
+        """Run `work` (rendering / tokenizing client text; `cost` ~ its length in characters) on
+        the prompt pool, counted by admission control, and dropped if the client goes away
+        while it waits."""
+        self._admit(lm)
+        lm.preparing += 1
+        try:
+            return await _unless_disconnected(self.pool.run(cost, work), http)
+        finally:
+            lm.preparing -= 1
+
+    def _admit(self, lm: LoadedModel) -> None:
+        self._refuse_when_closing()
+        if lm.in_flight >= lm.capacity:
+            raise APIError(429, f"The server is overloaded ({lm.in_flight} requests in flight "
+                           f"for {lm.name}); retry shortly.", "rate_limit_exceeded",
+                           headers={"Retry-After": "1"})
 
     # ---- one request --------------------------------------------------------------------------
     def generate(self, lm: LoadedModel, prompts: list[list[int]], body: SamplingFields,
@@ -174,15 +244,16 @@ class Service:
 
     async def collect(self, gen: Generation) -> list[Collected]:
         """Run a request to its end, not streamed: per choice its whole text, finish reason and
-        logprobs (when asked). Raises APIError 500 on an engine error and 499 if the client
-        went away."""
+        logprobs (when asked). Raises APIError 500 on an engine error, 503 when a drain ended
+        it, and 499 if the client went away."""
         n = len(gen.parts[0][1].group)
         out = {r.index: Collected("", None, [], r.index, gen.prompt_logprobs(r.index, n))
                for _, req in gen.parts for r in req.group}
         texts: dict[int, list[str]] = {i: [] for i in out}
         async for event in self.group_events(gen.parts, gen.http, poll_disconnect=True):
-            if event.error:
-                raise APIError(500, event.error, "engine_error")
+            if event.error:   # 500 engine_error, or 503 when a drain ended it
+                status, code = error_status(event)
+                raise APIError(status, event.error, code)
             c = out[event.index]
             texts[event.index].append(event.text)
             c.logprobs += event.logprobs or []
@@ -210,6 +281,7 @@ class Service:
                            f"you requested {needed} tokens ({len(prompt)} in the prompt, "
                            f"{max_tokens or 1} for the completion). Please reduce the prompt or "
                            "max_tokens.", "context_length_exceeded", "max_tokens")
+        self._refuse_when_closing()
         params = self._sampling(lm, body, max_tokens)
         params.grammar = grammar
         worker = pick_replica(lm.workers, prompt)
@@ -223,6 +295,29 @@ class Service:
             raise APIError(429, f"The server is overloaded ({exc}); retry shortly.",
                            "rate_limit_exceeded", headers={"Retry-After": "1"}) from exc
         return worker, req
+
+    def _refuse_when_closing(self) -> None:
+        if self.closing:
+            raise APIError(503, "The server is shutting down.", "server_shutting_down",
+                           headers={"Retry-After": "1"})
+
+    def end_all(self, message: str) -> int:
+        """End every running request now (the end of a drain): each choice of each gets a final
+        error event (503 `server_shutting_down`) and is cancelled in its engine. Returns how
+        many HTTP requests."""
+        self.closing, self.shutdown_message = True, message
+        live = list(self.live)
+        for item in live:
+            self._end(item)
+        return len(live)
+
+    def _end(self, item: Live) -> None:
+        """Every choice not yet finished gets its final error event and is cancelled."""
+        for worker, r in item.choices:
+            if r.index not in item.finished:
+                r.queue.put_nowait(Event(error=self.shutdown_message, finish_reason=SHUTDOWN,
+                                         index=r.index))
+                worker.cancel(r)
 
     def _sampling(self, lm: LoadedModel, body: SamplingFields, max_tokens: int | None) -> SamplingParams:
         d = lm.spec.defaults
@@ -275,9 +370,13 @@ class Service:
         them all in the engine, which frees their KV."""
         status, next_check = "ok", time.monotonic() + 0.5
         choices = [(worker, r) for worker, req in parts for r in req.group]
-        queue, left = parts[0][1].queue, len(choices)
+        queue = parts[0][1].queue
+        live = Live(choices)
+        self.live.add(live)
+        if self.closing:          # submitted just before a drain ended everything
+            self._end(live)
         try:
-            while left:
+            while len(live.finished) < len(choices):
                 if poll_disconnect:   # nothing is being sent: ask the server about the client
                     if time.monotonic() >= next_check:
                         next_check = time.monotonic() + 0.5
@@ -290,15 +389,19 @@ class Service:
                         continue
                 else:
                     event = await queue.get()
+                if event.index in live.finished:
+                    continue   # a choice a drain ended, whose own events were on their way
                 if event.error:
-                    status = "error"
-                yield event
+                    status = "shutdown" if event.finish_reason == SHUTDOWN else "error"
                 if event.finish_reason:
-                    left -= 1
+                    live.finished.add(event.index)
+                yield event
         except (asyncio.CancelledError, GeneratorExit):
-            status = "disconnected"
+            if status == "ok":
+                status = "disconnected"
             raise
         finally:
+            self.live.discard(live)
             for worker, r in choices:
                 if r.finish_reason is None or status == "disconnected":
                     worker.cancel(r)
@@ -314,3 +417,43 @@ class Service:
                  sum(r.num_output for r in choices),
                  f" choices={len(choices)}" if len(choices) > 1 else "", ttft,
                  now - req.arrival_time, req.finish_reason or "cancelled")
+
+
+def error_status(event: Event) -> tuple[int, str]:
+    """The HTTP status and error code of an event that carries an error."""
+    if event.finish_reason == SHUTDOWN:
+        return 503, "server_shutting_down"
+    return 500, "engine_error"
+
+
+def _text_size(value) -> int:
+    """How many characters of text a message list holds (its strings, at any depth)."""
+    if isinstance(value, str):
+        return len(value)
+    if isinstance(value, dict):
+        return sum(_text_size(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return sum(_text_size(v) for v in value)
+    return 0
+
+
+def _too_long(limit: int, prompt_tokens: int, max_tokens: int | None, param: str) -> APIError:
+    needed = prompt_tokens + (max_tokens or 1)
+    return APIError(400, f"This model's maximum context length is {limit} tokens. However, you "
+                    f"requested at least {needed} tokens (at least {prompt_tokens} in the "
+                    f"prompt, {max_tokens or 1} for the completion). Please reduce the prompt "
+                    "or max_tokens.", "context_length_exceeded", param)
+
+
+async def _unless_disconnected(work, http: HTTPRequest):
+    """Await `work`, polling the client every 0.5 s; if it has gone, cancel the work."""
+    task = asyncio.ensure_future(work)
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=0.5)
+            if done:
+                return task.result()
+            if await http.is_disconnected():
+                raise APIError(499, "client disconnected", "client_disconnected")
+    finally:
+        task.cancel()

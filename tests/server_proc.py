@@ -6,6 +6,7 @@ import socket
 import subprocess
 import sys
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 from cluster.processes import wait_http
@@ -23,12 +24,35 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+@dataclass
+class ServerProcess:
+    base: str                   # http://127.0.0.1:PORT
+    proc: subprocess.Popen
+    log_path: Path
+
+    @property
+    def port(self) -> int:
+        return int(self.base.rsplit(":", 1)[1])
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
 @contextmanager
 def running_server(env: dict[str, str] | None = None, startup_timeout: float = 120.0):
     """Yields the base URL (http://127.0.0.1:PORT) of a fresh server with these env overrides.
     The server's log is kept in a temp file and printed if startup fails."""
+    with server_process(env, startup_timeout) as server:
+        yield server.base
+
+
+@contextmanager
+def server_process(env: dict[str, str] | None = None, startup_timeout: float = 120.0):
+    """Like running_server, but yields the ServerProcess (to signal it, read its log)."""
     port = free_port()
-    full_env = {**os.environ, "PAGEDLLAMA_LOG_LEVEL": "info", **(env or {})}
+    # a short drain: a test that leaves a request running does not hold up the teardown
+    full_env = {**os.environ, "PAGEDLLAMA_LOG_LEVEL": "info", "PAGEDLLAMA_DRAIN_SECONDS": "3",
+                **(env or {})}
     log_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"pagedllama-test-{port}.log"
     log = log_path.open("w")
     proc = subprocess.Popen(
@@ -41,11 +65,13 @@ def running_server(env: dict[str, str] | None = None, startup_timeout: float = 1
             wait_http(f"{base}/health", proc, startup_timeout, "server")
         except RuntimeError as exc:
             raise RuntimeError(f"{exc}:\n{log_path.read_text()}") from None
-        yield base
+        yield ServerProcess(base, proc, log_path)
     finally:
-        proc.terminate()
+        if proc.poll() is None:
+            proc.terminate()
         try:
             proc.wait(timeout=20)
         except subprocess.TimeoutExpired:
             proc.kill()
+            proc.wait(timeout=10)
         log.close()

@@ -13,6 +13,9 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from server.config import EdgeLimits
+from server.drain import LAST_EVENTS_SECONDS
+
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "deploy" / "kubernetes"
 DOCKER = ROOT / "docker"
@@ -84,7 +87,14 @@ def test_replicas_are_ready_on_health_and_drain_within_the_grace_period():
     assert c["readinessProbe"]["httpGet"]["path"] == "/health"
     assert "livenessProbe" in c
     pre_stop = c["lifecycle"]["preStop"]["exec"]["command"]
-    assert pre_stop[0] == "sleep" and int(pre_stop[1]) < pod["terminationGracePeriodSeconds"]
+    assert pre_stop[0] == "sleep"
+    # The grace period counts from the preStop hook: the sleep, then the drain (server/drain.py:
+    # PAGEDLLAMA_DRAIN_SECONDS, then up to 5 s for the ended requests' last events), then the
+    # shutdown itself, which needs some room (10 s here) before Kubernetes sends SIGKILL.
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    drain = float(env.get("PAGEDLLAMA_DRAIN_SECONDS") or EdgeLimits.drain_seconds)
+    needed = int(pre_stop[1]) + drain + LAST_EVENTS_SECONDS + 10
+    assert needed <= pod["terminationGracePeriodSeconds"]
 
 
 def test_the_disruption_budget_covers_the_replica_pods():

@@ -1,0 +1,39 @@
+"""A test hook: make one llama_decode call of one context fail, to test that an engine error
+fails only that context's requests. Off unless PAGEDLLAMA_TEST_FAIL_DECODE is set at start-up:
+
+    PAGEDLLAMA_TEST_FAIL_DECODE=NAME:N    the Nth llama_decode call of context NAME (e.g.
+                                          "SmolLM2-135M-Instruct.Q4_1/1:20") returns -1, once
+
+-1 is what llama_decode returns for a batch it rejects before touching the KV cache.
+"""
+from __future__ import annotations
+
+import logging
+import os
+
+from engine import Worker
+
+log = logging.getLogger("pagedllama.server")
+ENV = "PAGEDLLAMA_TEST_FAIL_DECODE"
+
+
+def inject(workers: list[Worker]) -> None:
+    spec = os.environ.get(ENV, "")
+    if not spec:
+        return
+    name, _, nth = spec.rpartition(":")
+    for worker in workers:
+        if worker.name == name:
+            _fail_once(worker, int(nth))
+            log.warning("TEST HOOK %s: llama_decode call %s of context %s will fail", ENV, nth,
+                        name)
+
+
+def _fail_once(worker: Worker, nth: int) -> None:
+    decode, calls = worker.context.decode, 0
+
+    def decode_or_fail(pieces):
+        nonlocal calls
+        calls += 1
+        return -1 if calls == nth else decode(pieces)
+    worker.context.decode = decode_or_fail

@@ -1,0 +1,63 @@
+"""The OpenAPI schema says what the server really does: errors are OpenAI-shaped 400s (never
+FastAPI's 422), streamed answers are text/event-stream, and the bearer scheme is declared where
+a key is required."""
+from __future__ import annotations
+
+from fastapi import FastAPI
+from fastapi.openapi.utils import get_openapi
+
+from server.edge import OBSERVABILITY, is_api
+from server.schemas import ErrorResponse
+
+SSE = {"text/event-stream": {"schema": {"type": "string", "description": "Server-sent events"}}}
+ERRORS = {
+    400: "Invalid request: malformed JSON, a wrong type (numbers and booleans are strict), an "
+         "out-of-range value, a lone surrogate in a string, or a prompt that cannot fit",
+    401: "Missing or wrong API key (when PAGEDLLAMA_API_KEY is set)",
+    404: "Unknown model",
+    408: "The request body did not arrive in time",
+    413: "Request body over PAGEDLLAMA_MAX_BODY_BYTES",
+    429: "Too many requests in flight; see Retry-After",
+    503: "The server is draining (SIGTERM); see Retry-After",
+}
+ERROR_RESPONSES = {status: {"model": ErrorResponse, "description": text}
+                   for status, text in ERRORS.items()}
+STREAMED = {200: {"description": "JSON, or with `stream: true` an SSE stream of `data: {chunk}` "
+                       "lines ending with `data: [DONE]`", "content": SSE}}
+RESPONSES_STREAMED = {200: {"description": "A response object, or with `stream: true` an SSE "
+                                           "stream of typed events (`response.created` … "
+                                           "`response.completed`, or a final `error`)",
+                            "content": SSE}}
+STREAM_ONLY = {200: {"description": "An SSE stream: `token` events, then `done` (or `error`)",
+                     "content": SSE}}
+
+
+def install(app: FastAPI) -> None:
+    def openapi() -> dict:
+        if app.openapi_schema is None:
+            app.openapi_schema = _schema(app)
+        return app.openapi_schema
+    app.openapi = openapi
+
+
+def _schema(app: FastAPI) -> dict:
+    schema = get_openapi(title=app.title, version=app.version, routes=app.routes)
+    settings = getattr(app.state, "settings", None)
+    key = getattr(settings, "api_key", None)
+    protect = key and settings.edge.protect_metrics
+    for path, item in schema["paths"].items():
+        for op in item.values():
+            op.get("responses", {}).pop("422", None)
+            if not key or not (is_api(path) or (protect and path in OBSERVABILITY)):
+                op.pop("security", None)
+            elif "security" not in op:
+                op["security"] = [{"HTTPBearer": []}]
+    components = schema.setdefault("components", {})
+    for name in ("HTTPValidationError", "ValidationError"):
+        components.get("schemas", {}).pop(name, None)
+    if not key:
+        components.pop("securitySchemes", None)
+    else:
+        components.setdefault("securitySchemes", {})["HTTPBearer"] = {"type": "http",
+                                                                      "scheme": "bearer"}
+    return schema

@@ -1,0 +1,207 @@
+"""Hostile input through a real server: lone surrogates, loose types, huge bodies, and prompts
+built to be expensive to tokenize. Each is a 4xx in OpenAI's shape, and none slows others."""
+import json
+import statistics
+import threading
+import time
+
+import httpx
+import pytest
+from openai import OpenAI
+
+from tests.server_proc import SMOLLM2_NAME, running_server
+
+M = SMOLLM2_NAME
+
+
+def post(base, path, body, **kw):
+    """POST a body given as a dict (lone surrogates escaped as \\udXXX) or as raw bytes."""
+    raw = body if isinstance(body, bytes) else json.dumps(body).encode()
+    return httpx.post(f"{base}{path}", content=raw, timeout=60,
+                      headers={"content-type": "application/json"}, **kw)
+
+
+def error(resp, status):
+    assert resp.status_code == status, resp.text
+    return resp.json()["error"]
+
+
+# ---- lone surrogates -----------------------------------------------------------------------------
+LONE = "a\ud800b"
+CHAT = {"model": M, "max_tokens": 4}
+SURROGATE_BODIES = {
+    "completion prompt": ("/v1/completions", {"model": M, "prompt": LONE}, "prompt"),
+    "streamed completion prompt": ("/v1/completions", {"model": M, "prompt": LONE,
+                                                       "stream": True}, "prompt"),
+    "chat content": ("/v1/chat/completions", {**CHAT, "messages": [
+        {"role": "user", "content": LONE}]}, "messages.0.content"),
+    "streamed chat content": ("/v1/chat/completions", {**CHAT, "stream": True, "messages": [
+        {"role": "user", "content": LONE}]}, "messages.0.content"),
+    "chat content part": ("/v1/chat/completions", {**CHAT, "messages": [
+        {"role": "user", "content": [{"type": "text", "text": LONE}]}]},
+        "messages.0.content.0.text"),
+    "message name": ("/v1/chat/completions", {**CHAT, "messages": [
+        {"role": "user", "content": "hi", "name": "\udc00"}]}, "messages.0.name"),
+    "unknown model": ("/v1/chat/completions", {"model": "no-such-\ud800", "messages": [
+        {"role": "user", "content": "hi"}]}, "model"),
+    "stop string": ("/v1/completions", {"model": M, "prompt": "hi", "stop": ["x\udfff"]},
+                    "stop.0"),
+    "native prompt": ("/generate_stream", {"prompt": LONE}, "prompt"),
+    "ignored extra field": ("/v1/completions", {"model": M, "prompt": "hi", "user": "\ud834"},
+                            "user"),
+    "tool description": ("/v1/chat/completions", {**CHAT, "messages": [
+        {"role": "user", "content": "hi"}], "tools": [{"type": "function", "function": {
+            "name": "f", "description": LONE}}]}, "tools.0.function.description"),
+    "responses input": ("/v1/responses", {"model": M, "input": LONE}, "input"),
+    "streamed responses instructions": ("/v1/responses", {
+        "model": M, "input": "hi", "instructions": LONE, "stream": True}, "instructions"),
+    "responses input item": ("/v1/responses", {"model": M, "input": [
+        {"role": "user", "content": [{"type": "input_text", "text": LONE}]}]},
+        "input.0.content.0.text"),
+    "embeddings input": ("/v1/embeddings", {"model": M, "input": ["ok", LONE]}, "input.1"),
+    "tokenize content": ("/tokenize", {"content": LONE}, "content"),
+}
+
+
+@pytest.mark.parametrize("case", list(SURROGATE_BODIES))
+def test_a_lone_surrogate_is_a_400_naming_where_it_is(server_url, case):
+    path, body, where = SURROGATE_BODIES[case]
+    err = error(post(server_url, path, body), 400)
+    assert err["code"] == "invalid_unicode" and err["param"] == where
+    assert "surrogate" in err["message"]
+
+
+def test_a_model_id_that_is_not_utf8_is_a_404_that_still_encodes(server_url):
+    resp = httpx.get(f"{server_url}/v1/models/no-such-%ED%A0%80", timeout=10)
+    assert error(resp, 404)["code"] == "model_not_found"
+
+
+def test_an_escaped_surrogate_pair_is_ordinary_text(server_url):
+    resp = post(server_url, "/v1/completions", {"model": M, "prompt": "Smile \U0001F600",
+                                                "max_tokens": 2})
+    assert json.dumps("\U0001F600") == '"\\ud83d\\ude00"'       # sent as an escaped pair
+    assert resp.status_code == 200, resp.text
+
+
+# ---- strict types --------------------------------------------------------------------------------
+@pytest.mark.parametrize("field,raw", [
+    ("max_tokens", "true"), ("max_tokens", '"16"'), ("priority", "false"), ("timeout", "1e400"),
+    ("temperature", "NaN"), ("stream", '"true"'), ("ignore_eos", "1"), ("seed", "1.5"),
+    ("max_tokens", "1e3"), ("top_k", str(2**40))])
+def test_a_loosely_typed_field_is_a_400_naming_it(server_url, field, raw):
+    body = b'{"model": "%s", "prompt": "hi", "%s": %s}' % (M.encode(), field.encode(),
+                                                          raw.encode())
+    err = error(post(server_url, "/v1/completions", body), 400)
+    assert err["param"] == field and field in err["message"]
+
+
+# ---- size -----------------------------------------------------------------------------------------
+def test_a_body_over_the_limit_is_a_413_before_it_is_parsed(server_url):
+    not_json = b"{" * 400_000          # would be a 400 "not valid JSON" if it were parsed
+    t0 = time.monotonic()
+    err = error(post(server_url, "/v1/completions", not_json), 413)
+    assert err["code"] == "request_too_large" and "PAGEDLLAMA_MAX_BODY_BYTES" in err["message"]
+    assert time.monotonic() - t0 < 2.0
+
+
+def test_a_chunked_body_over_the_limit_is_a_413(server_url):
+    def chunks():                     # no Content-Length: the limit is checked while reading
+        for _ in range(40):
+            yield b" " * 10_000
+    resp = httpx.post(f"{server_url}/v1/completions", content=chunks(), timeout=30,
+                      headers={"content-type": "application/json"})
+    assert error(resp, 413)["code"] == "request_too_large"
+
+
+def test_a_prompt_that_cannot_fit_is_rejected_without_tokenizing_it(server_url):
+    # 20,000 special tokens: llama.cpp takes ~1.2 s to tokenize these (quadratic in them)
+    t0 = time.monotonic()
+    err = error(post(server_url, "/v1/completions", {"model": M, "prompt": "<|im_end|>" * 15_000}),
+                400)
+    assert err["code"] == "context_length_exceeded" and "at least" in err["message"]
+    assert time.monotonic() - t0 < 0.5
+
+
+def test_an_embedding_input_that_cannot_fit_is_rejected_without_tokenizing_it(server_url):
+    t0 = time.monotonic()
+    err = error(post(server_url, "/v1/embeddings", {"model": M, "input": "<|im_end|>" * 15_000}),
+                400)
+    assert err["code"] == "context_length_exceeded" and "at least" in err["message"]
+    assert time.monotonic() - t0 < 0.5
+
+
+def test_a_responses_input_that_cannot_fit_is_rejected_without_tokenizing_it(server_url):
+    t0 = time.monotonic()
+    err = error(post(server_url, "/v1/responses", {"model": M, "input": "<|im_end|>" * 15_000}),
+                400)
+    assert err["code"] == "context_length_exceeded"
+    assert time.monotonic() - t0 < 0.5
+
+
+def test_a_chat_with_more_messages_than_tokens_is_rejected_before_rendering(server_url):
+    messages = [{"role": "user", "content": "x"}] * 3000
+    err = error(post(server_url, "/v1/chat/completions", {"model": M, "messages": messages}), 400)
+    assert err["code"] == "context_length_exceeded" and err["param"] == "messages"
+
+
+# ---- stall bound -----------------------------------------------------------------------------------
+def hostile_bodies() -> list[bytes]:
+    """Eight ~0.4 MB prompts of the kinds that were slow to tokenize or render."""
+    text = "The quick brown fox jumps over the lazy dog. " * 9_000
+    chat_turns = [{"role": r, "content": "<|im_start|>x<|im_end|>"} for r in ("user", "assistant")]
+    kinds = [
+        ("/v1/completions", {"model": M, "prompt": "<|im_end|>" * 40_000}),
+        ("/v1/completions", {"model": M, "prompt": "<|im_start|>user\nx<|im_end|>\n" * 14_000}),
+        ("/v1/completions", {"model": M, "prompt": " " * 400_000}),
+        ("/v1/completions", {"model": M, "prompt": text}),
+        ("/v1/chat/completions", {"model": M, "messages": chat_turns * 4_500}),
+        ("/v1/chat/completions", {"model": M, "messages": [{"role": "user",
+                                                            "content": "<|im_end|>" * 40_000}]}),
+        ("/generate_stream", {"prompt": "<|im_start|>" * 33_000}),
+        ("/v1/completions", {"model": M, "prompt": "é" * 200_000}),
+    ]
+    return [(path, json.dumps(body).encode()) for path, body in kinds]
+
+
+def timed_request(client) -> float:
+    t0 = time.monotonic()
+    resp = client.chat.completions.create(
+        model=M, messages=[{"role": "user", "content": "What is the capital of France?"}],
+        max_tokens=8, temperature=0)
+    assert resp.choices[0].message.content
+    return time.monotonic() - t0
+
+
+@pytest.fixture(scope="module")
+def open_body_server():
+    """Bodies up to 4 MB, so hostile prompts get past the size limit to the prompt checks."""
+    with running_server({"PAGEDLLAMA_MAX_BODY_BYTES": str(4 << 20)}) as base:
+        yield base
+
+
+def test_a_normal_request_waits_at_most_1s_more_while_8_hostile_prompts_arrive(open_body_server):
+    base = open_body_server
+    client = OpenAI(base_url=f"{base}/v1", api_key="x", max_retries=0, timeout=120)
+    bodies = hostile_bodies()
+    assert all(len(raw) > 390_000 for _, raw in bodies)
+    timed_request(client)                                   # warm-up
+    idle = statistics.median(timed_request(client) for _ in range(3))
+    statuses, stalled = [], []
+    for _ in range(2):
+        go = threading.Barrier(len(bodies) + 1)
+
+        def attack(path, raw):
+            go.wait()
+            statuses.append(httpx.post(f"{base}{path}", content=raw, timeout=120,
+                                       headers={"content-type": "application/json"}).status_code)
+        threads = [threading.Thread(target=attack, args=b) for b in bodies]
+        for t in threads:
+            t.start()
+        go.wait()
+        time.sleep(0.05)                                    # the hostile bodies are on the way
+        stalled.append(timed_request(client))
+        for t in threads:
+            t.join()
+    print(f"normal request: idle {idle:.3f} s, under attack {stalled} s; hostile {statuses}")
+    assert statuses and all(s == 400 for s in statuses), statuses
+    assert max(stalled) <= idle + 1.0
