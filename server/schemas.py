@@ -154,7 +154,7 @@ class ChatCompletionRequest(SamplingFields):
 class CompletionRequest(SamplingFields):
     model: str
     prompt: str | list[TokenId] | list[str] | list[list[TokenId]]
-    max_tokens: Int | None = Field(None, ge=0, le=INT32_MAX)   # 0: score the prompt only (with echo)
+    max_tokens: Int | None = Field(None, ge=0, le=INT32_MAX)   # 0: score the prompt (echo)
     echo: Bool = False
     logprobs: Int | None = Field(None, ge=0, le=5)
 
