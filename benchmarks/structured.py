@@ -4,16 +4,22 @@
    (response_format json_schema), unconstrained, and with logprobs; output tok/s and ratios.
 2. Correctness: N requests over varied schemas (sampled, temperature 0.8); how many parse and
    validate, and how many were cut by max_tokens.
+3. n > 1 costs one prefill: TTFT of an n=4 request next to an n=1 request with a prompt of the
+   same length (~400 tokens; each request's prompt starts differently, so none is taken from
+   the prefix cache), alternating, medians. TTFT is the first token of any choice and, for
+   n=4, also the first token of every choice.
 
-    python -m benchmarks.structured [--requests 32] [--schema-requests 200]
+    python -m benchmarks.structured [--requests 32] [--schema-requests 200] [--only n]
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
 import json
+import statistics
 import time
 
+import httpx
 import jsonschema
 
 from benchmarks.client import complete, first_model, make_client
@@ -77,9 +83,53 @@ def validates(result: dict, schema: dict) -> bool:
         return False
 
 
+LONG = ("The history of the printing press begins with movable type in East Asia and continues "
+        "with Gutenberg's press in Mainz, which spread across Europe within decades and changed "
+        "how books, pamphlets and newspapers were made, sold and read. ") * 10
+
+
+async def ttft(client: httpx.AsyncClient, url: str, body: dict) -> tuple[float, float]:
+    """Seconds to the first token of any choice, and to the first token of every choice."""
+    t0, first = time.perf_counter(), {}
+    async with client.stream("POST", url, json=body) as resp:
+        resp.raise_for_status()
+        async for line in resp.aiter_lines():
+            if not line.startswith("data:") or line.endswith("[DONE]"):
+                continue
+            for c in json.loads(line[5:])["choices"]:
+                if c.get("text"):
+                    first.setdefault(c["index"], time.perf_counter() - t0)
+    assert len(first) == body["n"], first
+    return min(first.values()), max(first.values())
+
+
+async def n_ttft(base: str, model: str, reps: int) -> None:
+    url = f"{base}/v1/completions"
+    async with make_client(2, 600) as client:
+        async def one(n: int, salt: str) -> tuple[float, float]:
+            return await ttft(client, url, {"model": model, "prompt": f"{salt}. {LONG}",
+                                            "max_tokens": 8, "temperature": 0.8, "n": n,
+                                            "stream": True})
+        await one(4, "warm up")
+        prompt_tokens = (await complete(client, url, {"model": model, "prompt": f"x. {LONG}",
+                                                      "max_tokens": 1}))["usage"]["prompt_tokens"]
+        t1, t4 = [], []
+        for r in range(reps):
+            t1.append(await one(1, f"Run {r} alone"))
+            t4.append(await one(4, f"Run {r} forks"))
+    m1 = statistics.median(a for a, _ in t1)
+    m4, m4_all = statistics.median(a for a, _ in t4), statistics.median(b for _, b in t4)
+    print(f"n=4 vs n=1 TTFT, {prompt_tokens}-token prompt, {reps} pairs, medians: n=1 "
+          f"{m1:.3f} s, n=4 {m4:.3f} s (every choice {m4_all:.3f} s), ratio {m4 / m1:.2f}x "
+          f"(every choice {m4_all / m1:.2f}x; target <= 1.2x)")
+
+
 async def main(args) -> None:
     with launched(our_server()) as base:
         url, model = f"{base}/v1/chat/completions", first_model(base)
+        if args.only == "n":
+            await n_ttft(base, model, args.reps)
+            return
         await run_all(url, [body(model, i, PERSON, 8, 0.8) for i in range(4)], 4)   # warm up
         n = args.requests
         free, t_free = await run_all(url, [body(model, i, None, 48, 0.8) for i in range(n)], 16)
@@ -104,10 +154,13 @@ async def main(args) -> None:
                 print("  failed:", json.dumps(s)[:80], "->", repr(r["choices"][0]["message"]["content"])[:120])
         print(f"{m} requests over {len(SCHEMAS)} schemas: {ok} validate, {cut} cut by max_tokens, "
               f"{m - ok - cut} other failures ({t:.1f} s, {tok_s(res, t):.1f} tok/s)")
+        await n_ttft(base, model, args.reps)
 
 
 if __name__ == "__main__":
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--requests", type=int, default=32)
     p.add_argument("--schema-requests", type=int, default=200)
+    p.add_argument("--only", choices=["n"], help="n: only the n=4 vs n=1 TTFT comparison")
+    p.add_argument("--reps", type=int, default=5, help="n=1/n=4 pairs for --only n")
     asyncio.run(main(p.parse_args()))

@@ -176,9 +176,10 @@ class Context:
         self._saved: dict[int, bytes] = {}
 
     # ---- batch and decode ---------------------------------------------------------------------
-    def decode(self, pieces: list[tuple[int, list[int], int, bool]]) -> int:
-        """One llama_decode over pieces of (seq id, tokens, first position, want logits of the
-        last token). Returns llama_decode's status (0 ok, 1 no KV slot, <0 error)."""
+    def decode(self, pieces: list[tuple[int, list[int], int, int]]) -> int:
+        """One llama_decode over pieces of (seq id, tokens, first position, how many of the last
+        tokens want logits: 0, 1 (True) or all of them). Returns llama_decode's status (0 ok,
+        1 no KV slot, <0 error)."""
         n = 0
         for seq_id, tokens, pos0, want_logits in pieces:
             k = len(tokens)
@@ -186,7 +187,7 @@ class Context:
             self._pos[n:n + k] = np.arange(pos0, pos0 + k)
             self._logits[n:n + k] = 0
             if want_logits:
-                self._logits[n + k - 1] = 1
+                self._logits[n + k - int(want_logits):n + k] = 1
             for i in range(n, n + k):
                 self._seq_ptrs[i][0] = seq_id
             n += k

@@ -13,7 +13,7 @@ import numpy as np
 class TokenLogprob:
     token: int
     piece: bytes
-    logprob: float
+    logprob: float | None   # None: the first prompt token (nothing predicts it)
     top: tuple[tuple[int, bytes, float], ...] = ()   # the k most likely, best first
 
 

@@ -22,6 +22,7 @@ class Event:
     finish_reason: FinishReason | None = None
     error: str | None = None
     logprobs: list[TokenLogprob] | None = None   # one per token in this event, when asked
+    index: int = 0                               # the request's choice index (n > 1)
 
 
 @dataclass(eq=False)
@@ -41,6 +42,14 @@ class Request:
     last_token_time: float | None = None
     finish_time: float | None = None
     finish_reason: FinishReason | None = None
+    index: int = 0                     # choice index; its events carry it
+    forks: list["Request"] = field(default_factory=list)   # n > 1: the other choices, forked
+    prompt_logprobs: list[TokenLogprob] | None = None   # when asked (the first: logprob None)
+
+    @property
+    def group(self) -> list["Request"]:
+        """This request and its forks: the choices of one prompt, in index order."""
+        return [self, *self.forks]
 
     @property
     def num_output(self) -> int:

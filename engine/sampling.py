@@ -30,6 +30,7 @@ class SamplingParams:
     grammar: str | None = None        # GBNF: every token must keep the output in this language
     logit_bias: dict[int, float] = field(default_factory=dict)   # added to the logits first
     logprobs: int | None = None       # None: none; k: the sampled token's and the k most likely
+    prompt_logprobs: bool = False     # the prompt tokens' logprobs too (completions echo)
 
     @property
     def has_penalties(self) -> bool:

@@ -11,6 +11,10 @@ Between steps the thread governor may change the context's thread count (engine/
 A request with a grammar samples through its mask (engine/grammar.py), greedy included; when the
 grammar allows no token the request finishes with "stop" and a warning. Logprobs are computed
 here, only for requests that ask, from the logits the sampler saw.
+n > 1 arrives as one request with forks: they wait while it computes the prompt, then start from
+a copy of its KV (Scheduler.fork) and sample from the same logits (restored between samplers,
+since logit_bias is added in place), each with its own sampler and seed. A prompt whose
+logprobs are asked (echo) gets logits for every prompt position and no prefix-cache reuse.
 """
 from __future__ import annotations
 
@@ -23,7 +27,7 @@ from dataclasses import dataclass, replace
 
 from engine.detok import TextStream
 from engine.llama import Context, ContextConfig, Model
-from engine.logprobs import token_logprob
+from engine.logprobs import TokenLogprob, token_logprob
 from engine.request import Admit, Cancel, Event, InboxMessage, Request
 from engine.sampling import Sampler
 from engine.stats import ContextStats, StepTimes
@@ -132,12 +136,16 @@ class Worker:
         self._thread.join(timeout=10)
         self.context.close()
 
-    def submit(self, req: Request) -> asyncio.Queue:
-        if self.outstanding >= self.config.max_seqs + self.config.max_queue:
+    def submit(self, req: Request, queue: asyncio.Queue | None = None) -> asyncio.Queue:
+        """Queue a request and its forks (n > 1); their events go to one queue (`queue` when
+        given: a list of prompts shares one), each carrying its request's index."""
+        group = req.group
+        if self.outstanding + len(group) > self.config.max_seqs + self.config.max_queue:
             raise QueueFull(f"{self.outstanding} requests in flight on {self.name}")
-        req.loop = asyncio.get_running_loop()
-        req.queue = asyncio.Queue()
-        self.submitted += 1
+        loop, queue = asyncio.get_running_loop(), queue or asyncio.Queue()
+        for r in group:
+            r.loop, r.queue = loop, queue
+        self.submitted += len(group)
         self.inbox.append(Admit(req))
         self.wakeup.set()
         return req.queue
@@ -195,8 +203,17 @@ class Worker:
                 self._finish(message.req, FinishReason.ABORT)   # the client left: no delivery
 
     def _admit(self, req: Request) -> None:
+        for r in req.group:
+            self._admit_one(r)
+        req.seq.prompt_logits = req.params.prompt_logprobs
+        for fork in req.forks:
+            fork.seq.fork_of = req.seq
+            req.seq.forks.append(fork.seq)
+
+    def _admit_one(self, req: Request) -> None:
         p = req.params
-        max_tokens = p.max_tokens or (self.max_seq_len - len(req.prompt))
+        max_tokens = (p.max_tokens if p.max_tokens is not None
+                      else self.max_seq_len - len(req.prompt))
         deadline = req.arrival_time + req.timeout if req.timeout else None
         req.seq = Sequence(req.prompt, max_tokens, req.priority, deadline, owner=req)
         req.sampler = Sampler(p, self.model.n_vocab, self.model.vocab)
@@ -228,7 +245,7 @@ class Worker:
         events: list[Delivery] = []
         times = self.times
         for group in self._groups(plan.chunks):
-            pieces = [(c.seq.seq_id, c.seq.tokens[c.start:c.end], c.start, c.wants_logits)
+            pieces = [(c.seq.seq_id, c.seq.tokens[c.start:c.end], c.start, c.num_logits)
                       for c in group]
             t = time.perf_counter()
             status = self.context.decode(pieces)
@@ -253,16 +270,44 @@ class Worker:
         """Sample every chunk that wants logits, now: the next decode overwrites them."""
         now, offset, events = time.monotonic(), 0, []
         for chunk in group:
-            offset += chunk.end - chunk.start
+            first, offset = offset, offset + chunk.end - chunk.start
+            if chunk.seq.prompt_logits:
+                self._prompt_logprobs(chunk, first)
             if chunk.wants_logits:
-                req = chunk.seq.owner
-                token = req.sampler.sample(self.context, offset - 1)
-                delivery = self._postprocess(req, token, now)
-                if req.params.logprobs is not None and token is not None:
-                    delivery[1].logprobs = [token_logprob(self.context.logits(offset - 1), token,
-                                                          req.params.logprobs, self.model.piece)]
-                events.append(delivery)
+                reqs = [chunk.seq.owner]
+                if chunk.seq.forks:   # its prompt is computed: the other choices start now
+                    reqs += [s.owner for s in self.scheduler.fork(chunk.seq)]
+                logits = self.context.logits(offset - 1)
+                base = logits.copy() if len(reqs) > 1 else None
+                for req in reqs:
+                    if base is not None:
+                        logits[:] = base
+                    events.append(self._sample_one(req, offset - 1, now))
         return events
+
+    def _sample_one(self, req: Request, index: int, now: float) -> Delivery:
+        if req.seq.max_tokens == 0:   # scoring only (echo): the prompt's logprobs were the point
+            return self._finish(req, FinishReason.LENGTH)
+        token = req.sampler.sample(self.context, index)
+        delivery = self._postprocess(req, token, now)
+        if req.params.logprobs is not None and token is not None:
+            delivery[1].logprobs = [token_logprob(self.context.logits(index), token,
+                                                  req.params.logprobs, self.model.piece)]
+        return delivery
+
+    def _prompt_logprobs(self, chunk, first: int) -> None:
+        """Logprobs of the prompt tokens this chunk predicts (the logits at position p score
+        token p + 1). A chunk computed again after a preemption adds nothing twice."""
+        seq, req = chunk.seq, chunk.seq.owner
+        lps = req.prompt_logprobs
+        if lps is None:
+            t0 = seq.prompt[0]
+            lps = req.prompt_logprobs = [TokenLogprob(t0, self.model.piece(t0), None)]
+        k = req.params.logprobs or 0
+        for pos in range(chunk.start, min(chunk.end, seq.num_prompt - 1)):
+            if pos + 1 == len(lps):
+                lps.append(token_logprob(self.context.logits(first + pos - chunk.start),
+                                         seq.prompt[pos + 1], k, self.model.piece))
 
     def _postprocess(self, req: Request, token: int | None, now: float) -> Delivery:
         """The one place a sampled token is appended, stop conditions are checked and a request
@@ -385,4 +430,5 @@ def _meter(config: EngineConfig) -> CpuMeter | None:
 
 def _put_all(events: list[Delivery]) -> None:
     for req, event in events:
+        event.index = req.index
         req.queue.put_nowait(event)

@@ -137,6 +137,41 @@ class BlockManager:
         self.commit(alloc, tokens, len(tokens))
         return alloc
 
+    def fork(self, parent: SeqAlloc, tokens: Sequence[int], n_tokens: int,
+             reserve_tokens: int) -> SeqAlloc | None:
+        """A new sequence holding a copy of the first n_tokens positions of a live one (n > 1:
+        the other choices start from the first's computed prompt), if blocks for reserve_tokens
+        and a seq id are free. The parent's leading cached blocks are shared (referenced, counted
+        once, as a prefix hit is); the rest gets blocks of its own. One CopyOp moves the cells:
+        zero-copy in a unified cache, a stream copy with split KV."""
+        seq_id = self._acquire_seq_id()
+        if seq_id is None:
+            return None
+        n_full = n_tokens // self.block_size
+        shared = []
+        for block in parent.blocks[:n_full]:
+            if block.hash is None:
+                break
+            shared.append(block)
+        alloc = self._reserve(seq_id, shared, reserve_tokens, 0)
+        if alloc is None:
+            return None
+        alloc.hashes = list(parent.hashes[:n_full])
+        for block in shared:
+            self._ref(block)
+            alloc.blocks.append(block)
+        self.ensure(alloc, n_tokens)
+        self._ops.append(CopyOp(parent.seq_id, seq_id, 0, n_tokens))
+        alloc.num_checked = len(shared)
+        self.commit(alloc, tokens, n_tokens)
+        return alloc
+
+    def fork_blocks(self, n_tokens: int) -> int:
+        """Blocks a fork of an n_tokens prompt takes: its full blocks are the parent's, cached
+        (unless prefix caching is off); the rest, and room for one more token, are its own."""
+        shared = n_tokens // self.block_size if self.prefix_caching else 0
+        return self.blocks_for(n_tokens + 1) - shared
+
     def _reserve(self, seq_id: int, hit: list[Block], reserve_tokens: int,
                  extra_blocks: int) -> SeqAlloc | None:
         """A live sequence on seq_id if blocks for reserve_tokens (less the cached hit, plus

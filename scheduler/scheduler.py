@@ -9,6 +9,12 @@ Prompt chunks are aligned: with C = the manager's prefill_chunk, a step computes
 [kC, (k+1)C) of a sequence's tokens (or the tail), so the pieces a prompt is computed in never
 depend on what else runs, and prefix-cache reuse (which ends on a multiple of C) gives
 bit-identical results.
+
+n > 1 is one prefill and a fork: the choices after the first wait (pending forks, never admitted
+by themselves) while the first computes the prompt; when it has, `fork` starts each from a copy
+of its KV, to sample from the same logits. Admission counts a sequence's pending forks as slots
+and promises blocks for them. A fork that finds no room, or whose first ended before forking
+(cancelled, expired), becomes an ordinary waiting sequence that computes the prompt itself.
 """
 from __future__ import annotations
 
@@ -30,6 +36,14 @@ class Chunk:
     @property
     def wants_logits(self) -> bool:
         return self.end == len(self.seq.tokens)
+
+    @property
+    def num_logits(self) -> int:
+        """How many of the chunk's last tokens need logits: the last, to sample from, or every
+        token of a prompt chunk whose prompt logprobs were asked for (echo with logprobs)."""
+        if self.seq.prompt_logits and self.start < self.seq.num_prompt:
+            return self.end - self.start
+        return int(self.wants_logits)
 
 
 @dataclass
@@ -71,6 +85,9 @@ class Scheduler:
         """End a sequence wherever it is: waiting, swapped out, prefilling or decoding."""
         if seq.status is Status.FINISHED:
             return
+        if seq.fork_of is not None:
+            seq.fork_of.forks.remove(seq)
+            seq.fork_of = None
         if seq in self.waiting:
             self.waiting.remove(seq)
             if seq.saved_key is not None:
@@ -84,7 +101,31 @@ class Scheduler:
         if seq.alloc is not None:
             self.manager.free(seq.alloc)
             seq.alloc = None
+        for fork in seq.forks:   # ended before its prompt was computed: they start on their own
+            fork.fork_of = None
+        seq.forks = []
         seq.status, seq.finish_reason = Status.FINISHED, reason
+
+    def fork(self, parent: Sequence) -> list[Sequence]:
+        """Start parent's pending forks from a copy of its computed prompt (call when the
+        prompt's last chunk was decoded, before sampling it). Returns the forks started; one
+        that finds no seq id or blocks stays waiting as an ordinary sequence."""
+        started = []
+        for child in parent.forks:
+            child.fork_of = None
+            alloc = self.manager.fork(parent.alloc, parent.tokens, parent.num_computed,
+                                      len(child.tokens) + 1)
+            if alloc is None:
+                continue
+            self.waiting.remove(child)
+            child.alloc, child.num_computed = alloc, parent.num_computed
+            child.num_cached_tokens = parent.num_cached_tokens
+            child.status = Status.RUNNING
+            child.first_scheduled_time = parent.first_scheduled_time
+            self.running.append(child)
+            started.append(child)
+        parent.forks = []
+        return started
 
     # ---- planning -------------------------------------------------------------------------------
     def schedule(self, now: float | None = None) -> StepPlan:
@@ -120,7 +161,7 @@ class Scheduler:
         budget = self.max_batch_tokens - plan.num_tokens
         if budget <= 0:
             return False
-        if not seq.is_decoding:
+        if not seq.is_decoding and not seq.prompt_logits:
             gained = self.manager.extend(seq.alloc, seq.tokens, seq.num_computed,
                                          len(seq.tokens) - 1)
             seq.num_computed += gained
@@ -170,17 +211,20 @@ class Scheduler:
         preempted in this step waits for the next, and so does everything behind a sequence
         that was admitted but then found no room to run."""
         self.waiting.sort(key=self.policy.key)
-        while self.waiting and plan.num_tokens < self.max_batch_tokens:
-            seq = self.waiting[0]
-            if seq in plan.preempted:
+        while plan.num_tokens < self.max_batch_tokens:
+            seq = next((s for s in self.waiting if s.fork_of is None), None)   # forks wait
+            if seq is None or seq in plan.preempted:
                 return
-            if len(self.running) >= self.max_seqs or not self._open(seq):
+            if self._slots_used() + seq.num_slots > self.max_seqs or not self._open(seq):
                 if not self._preempt_for(seq, plan):
                     return
                 continue
-            self.waiting.pop(0)
+            self.waiting.remove(seq)
             if not self._start(seq, plan):
                 return
+
+    def _slots_used(self) -> int:
+        return sum(s.num_slots for s in self.running)
 
     def _preempt_for(self, seq: Sequence, plan: StepPlan) -> bool:
         """Preempt the policy's victim so that seq may start; False when the policy says no."""
@@ -204,7 +248,9 @@ class Scheduler:
         """Open seq if blocks for all its tokens and one more fit beside what each running
         sequence was promised on the same terms: then its next chunk never preempts anyone."""
         promised = sum(self.manager.blocks_for(len(s.tokens) + 1) - len(s.alloc.blocks)
+                       + self.manager.fork_blocks(len(s.tokens)) * len(s.forks)
                        for s in self.running)
+        promised += self.manager.fork_blocks(len(seq.tokens)) * len(seq.forks)
         if seq.saved_key is not None:
             alloc = self.manager.open_for_restore(seq.saved_key, seq.tokens[:seq.num_computed],
                                                   len(seq.tokens) + 1, extra_blocks=promised)
@@ -214,7 +260,8 @@ class Scheduler:
             return True
         if seq.hashes is None:
             seq.hashes = self.manager.hashes(seq.tokens)
-        alloc = self.manager.open(seq.tokens, len(seq.tokens) - 1, len(seq.tokens) + 1,
+        max_reuse = 0 if seq.prompt_logits else len(seq.tokens) - 1
+        alloc = self.manager.open(seq.tokens, max_reuse, len(seq.tokens) + 1,
                                   hashes=seq.hashes, extra_blocks=promised)
         if alloc is None:
             return False

@@ -48,6 +48,11 @@ class Sequence:
     arrival: int = field(default_factory=lambda: next(_arrivals))
     arrival_time: float = field(default_factory=time.monotonic)
     first_scheduled_time: float | None = None
+    # n > 1: the choices after the first wait as forks of the first; when its prompt is computed
+    # they start from a copy of its KV (Scheduler.fork) instead of computing the prompt again
+    forks: list["Sequence"] = field(default_factory=list)   # pending forks of this sequence
+    fork_of: "Sequence | None" = None      # set while this one waits to be forked off it
+    prompt_logits: bool = False            # logits of every prompt position (echo + logprobs)
 
     def __post_init__(self) -> None:
         if not self.tokens:
@@ -68,6 +73,11 @@ class Sequence:
     @property
     def is_decoding(self) -> bool:
         return self.num_pending == 1
+
+    @property
+    def num_slots(self) -> int:
+        """Sequence slots this one takes, its pending forks included."""
+        return 1 + len(self.forks)
 
     @property
     def seq_id(self) -> int:

@@ -38,6 +38,7 @@ class Settings:
     log_level: str = "info"
     api_key: str | None = None
     edge: EdgeLimits = field(default_factory=EdgeLimits)
+    max_n: int = 8                          # most choices (n) one request may ask for
 
 
 def _env(name: str, default: str) -> str:
@@ -83,7 +84,7 @@ def load_settings() -> Settings:
                             int(_env("CONTEXTS", "1")), gpu_layers=int(gpu) if gpu else None)]
     _partition_threads(models)
     return Settings(models, _env("LOG_LEVEL", "info"), os.environ.get("PAGEDLLAMA_API_KEY"),
-                    edge_from_env(models))
+                    edge_from_env(models), int(_env("MAX_N", "8")))
 
 
 def default_max_body_bytes(models: list[ModelSpec]) -> int:

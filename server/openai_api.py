@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections import defaultdict
 from typing import AsyncIterator
 
 from fastapi import APIRouter, Request as HTTPRequest
@@ -14,7 +15,7 @@ from server.errors import APIError, error_body
 from server.fields import UNSUPPORTED_CHAT, UNSUPPORTED_COMPLETION, check_fields, unsupported
 from server.model_routes import model_object
 from server.openapi import ERROR_RESPONSES, STREAMED
-from server.openai_format import Kind, OpenAIFormat, sse
+from server.openai_format import Kind, OpenAIFormat, sse, usage
 from server.schemas import (ChatCompletionRequest, CompletionRequest, SamplingFields,
                             UnsupportedContent)
 from server.structured import grammar_for
@@ -36,9 +37,9 @@ async def list_models(http: HTTPRequest) -> dict:
 @router.post("/chat/completions", responses=STREAMED)
 async def chat_completions(body: ChatCompletionRequest, http: HTTPRequest):
     check_fields(body, UNSUPPORTED_CHAT)
-    _check_n(body)
     svc = service(http)
     lm = svc.get(body.model)
+    _check_n(body, svc, lm)
     try:
         messages = [{**m.model_dump(exclude_none=True), "content": m.text()} for m in body.messages]
     except UnsupportedContent as exc:
@@ -57,75 +58,94 @@ async def chat_completions(body: ChatCompletionRequest, http: HTTPRequest):
     max_tokens = body.max_completion_tokens or body.max_tokens
     prompt = await svc.chat_prompt(lm, render_messages(messages, use), max_tokens, http,
                                    body.add_generation_prompt, body.continue_final_message)
-    gen = svc.generate(lm, prompt, body, max_tokens, http, grammar or use.grammar())
+    gen = svc.generate(lm, [prompt], body, max_tokens, http, grammar or use.grammar())
     return await _respond(svc, gen, _format("chat", lm, body, tools=use.active))
 
 
 @router.post("/completions", responses=STREAMED)
 async def completions(body: CompletionRequest, http: HTTPRequest):
     check_fields(body, UNSUPPORTED_COMPLETION)
-    _check_n(body)
     svc = service(http)
     lm = svc.get(body.model)
-    prompt_in = body.prompt
-    if isinstance(prompt_in, list) and prompt_in and isinstance(prompt_in[0], (str, list)):
-        if len(prompt_in) != 1:
-            raise APIError(400, "send one prompt per request (batched prompts are not supported)",
-                           "unsupported_batch", "prompt")
-        prompt_in = prompt_in[0]
-    if isinstance(prompt_in, str):
-        if not prompt_in:
+    _check_n(body, svc, lm)
+    prompts_in = _prompt_list(body.prompt)
+    if len(prompts_in) * body.n > lm.spec.engine.max_seqs + lm.spec.engine.max_queue:
+        raise APIError(400, f"{len(prompts_in)} prompts x n={body.n} choices is more than this "
+                       "server queues at once", "invalid_value", "prompt")
+    if body.max_tokens == 0 and not body.echo:
+        raise APIError(400, "max_tokens: 0 is only meaningful with echo (scoring the prompt)",
+                       "invalid_value", "max_tokens")
+    max_tokens = 16 if body.max_tokens is None else body.max_tokens
+    prompts = []   # each string through the bounded prompt pool, refused before tokenizing
+    for p in prompts_in:
+        if isinstance(p, str) and not p:
             raise APIError(400, "the prompt is empty", "empty_prompt", "prompt")
-        prompt = await svc.text_prompt(lm, prompt_in, body.max_tokens or 16, http)
-    else:
-        prompt = list(prompt_in)
-    echo = prompt_in if body.echo and isinstance(prompt_in, str) else ""
-    if body.echo and body.logprobs is not None:
-        raise unsupported("echo", "with logprobs (the prompt's logprobs) is not supported yet")
-    gen = svc.generate(lm, prompt, body, body.max_tokens or 16, http,
-                       grammar_for(body, lm.model.vocab))
-    return await _respond(svc, gen, _format("completion", lm, body, echo))
+        prompts.append(await svc.text_prompt(lm, p, max_tokens, http) if isinstance(p, str)
+                       else list(p))
+    gen = svc.generate(lm, prompts, body, max_tokens, http, grammar_for(body, lm.model.vocab))
+    echo = ([p if isinstance(p, str) else lm.model.detokenize(p) for p in prompts_in]
+            if body.echo else [])   # after generate: it has checked the token ids
+    return await _respond(svc, gen, _format("completion", lm, body, echo, len(prompts)))
 
 
-def _check_n(body: SamplingFields) -> None:
-    if body.n != 1:
-        raise unsupported("n", "above 1 is not supported yet (one choice per request)")
+def _prompt_list(prompt) -> list:
+    """A completions prompt as a list of prompts (each a string or token ids)."""
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
+        return list(prompt)
+    return [prompt]
 
 
-def _format(kind: Kind, lm: LoadedModel, body: SamplingFields, echo: str = "",
-            tools: bool = False) -> OpenAIFormat:
+def _check_n(body: SamplingFields, svc: Service, lm: LoadedModel) -> None:
+    limit = min(svc.settings.max_n, lm.spec.engine.max_seqs)
+    if body.n > limit:
+        why = ("PAGEDLLAMA_MAX_N" if limit == svc.settings.max_n
+               else "the sequences a context runs at once, PAGEDLLAMA_MAX_SEQS")
+        raise APIError(400, f"n must be at most {limit} ({why})", "invalid_value", "n")
+
+
+def _format(kind: Kind, lm: LoadedModel, body: SamplingFields, echo: list[str] | None = None,
+            num_prompts: int = 1, tools: bool = False) -> OpenAIFormat:
     prefix = "chatcmpl-" if kind == "chat" else "cmpl-"
     include_usage = bool(body.stream and body.stream_options and body.stream_options.include_usage)
     return OpenAIFormat(kind, lm.name, prefix + uuid.uuid4().hex[:24], int(time.time()),
-                        body.stream, include_usage, echo, tools)
+                        body.stream, include_usage, echo or [], tools, body.n,
+                        body.n * num_prompts)
 
 
 async def _respond(svc: Service, gen: Generation, fmt: OpenAIFormat):
     if fmt.stream:
         return EventSourceResponse(_stream(svc, gen, fmt), ping=15, sep="\n")
-    done = await svc.collect(gen)
-    return fmt.response(done.text, done.finish_reason, gen.req, done.logprobs)
+    choices = await svc.collect(gen)
+    return fmt.response(choices, usage(gen.reqs))
 
 
 async def _stream(svc: Service, gen: Generation, fmt: OpenAIFormat) -> AsyncIterator[dict]:
-    """With tools, the text is held back until the end: only then can it be told apart from a
-    call (the fallback format), and the calls go out as OpenAI's tool-call deltas."""
+    """Every chunk carries its choice's index. With tools, a choice's text is held back until
+    its end: only then can it be told apart from a call (the fallback format), and the calls go
+    out as OpenAI's tool-call deltas. A completions echo goes out with its choice's first event,
+    when the prompt's logprobs (if asked) are known."""
     for chunk in fmt.opening_chunks():
         yield chunk
-    held = []
+    held: dict[int, list[str]] = defaultdict(list)
+    started: set[int] = set()
     async for event in svc.stream(gen):
         if event.error:   # the stream still ends as streams do: with [DONE]
             status, code = error_status(event)
             yield sse(error_body(status, event.error, code))
             yield sse("[DONE]")
             return
+        i = event.index
+        if i not in started:
+            started.add(i)
+            for chunk in fmt.echo_chunks(i, gen.prompt_logprobs(i, fmt.n)):
+                yield chunk
         if event.text and fmt.tools:
-            held.append(event.text)
+            held[i].append(event.text)
         elif event.text or event.logprobs:
-            yield fmt.text_chunk(event.text, event.logprobs)
+            yield fmt.text_chunk(event.text, event.logprobs, i)
         if event.finish_reason:
-            for chunk in fmt.closing_chunks("".join(held), event.finish_reason):
+            for chunk in fmt.closing_chunks("".join(held.pop(i, [])), event.finish_reason, i):
                 yield chunk
     if fmt.include_usage:
-        yield fmt.usage_chunk(gen.req)
+        yield fmt.usage_chunk(usage(gen.reqs))
     yield sse("[DONE]")

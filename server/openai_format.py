@@ -1,10 +1,11 @@
 """OpenAI response shaping: one place that turns engine events into chat/completion bodies and
-SSE chunks (choices, deltas, finish reasons, usage). A new response field touches only this file."""
+SSE chunks (choices, deltas, finish reasons, usage). A new response field touches only this file.
+Choices are indexed prompt_i * n + j (n choices per prompt, as OpenAI numbers them)."""
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, Protocol
 
 from engine import Request
 from scheduler import FinishReason
@@ -20,10 +21,24 @@ def openai_finish(reason: FinishReason | None) -> str | None:
     return reason.value if reason else None
 
 
-def usage(req: Request) -> dict:
-    return {"prompt_tokens": len(req.prompt), "completion_tokens": req.num_output,
-            "total_tokens": len(req.prompt) + req.num_output,
-            "prompt_tokens_details": {"cached_tokens": req.num_cached}}
+def usage(reqs: Request | list[Request]) -> dict:
+    """Usage of one request, or of the first choice of each prompt: every prompt counts once,
+    every choice's (fork's) completion tokens count."""
+    reqs = reqs if isinstance(reqs, list) else [reqs]
+    prompt = sum(len(r.prompt) for r in reqs)
+    completion = sum(c.num_output for r in reqs for c in getattr(r, "group", [r]))
+    return {"prompt_tokens": prompt, "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": sum(r.num_cached for r in reqs)}}
+
+
+class Choice(Protocol):
+    """One choice's collected answer (server.service.Collected)."""
+    index: int
+    text: str
+    finish_reason: FinishReason
+    logprobs: list[TokenLogprob]
+    prompt_logprobs: list[TokenLogprob] | None
 
 
 def sse(payload: dict | str) -> dict:
@@ -39,8 +54,14 @@ class OpenAIFormat:
     created: int
     stream: bool = False
     include_usage: bool = False
-    echo: str = ""                     # completions: the prompt text to put before the answer
+    echo: list[str] = field(default_factory=list)   # completions: per prompt, its text to
     tools: bool = False                # chat with tools: calls are parsed out of the text
+    n: int = 1                         # choices per prompt
+    num_choices: int = 1               # n times the number of prompts
+
+    def echo_of(self, index: int) -> str:
+        """The text put before choice `index` (completions echo: its prompt)."""
+        return self.echo[index // self.n] if self.echo else ""
 
     @property
     def chat(self) -> bool:
@@ -55,17 +76,21 @@ class OpenAIFormat:
         return "chat.completion.chunk" if self.chat else "text_completion"
 
     # ---- a whole response ---------------------------------------------------------------------
-    def response(self, text: str, finish: FinishReason, req: Request,
-                 logprobs: list[TokenLogprob] | None = None) -> dict:
-        text = self.echo + text
-        if not self.chat:
-            choice = {"index": 0, "text": text, "finish_reason": openai_finish(finish)}
-        else:
-            message, reason = self._message(text, finish)
-            choice = {"index": 0, "message": message, "finish_reason": reason}
-        choice["logprobs"] = self._logprobs(logprobs, len(self.echo))
+    def response(self, choices: list[Choice], usage: dict) -> dict:
         return {"id": self.id, "object": self.object, "created": self.created,
-                "model": self.model, "choices": [choice], "usage": usage(req)}
+                "model": self.model, "choices": [self._choice(c) for c in choices],
+                "usage": usage}
+
+    def _choice(self, c: Choice) -> dict:
+        echo = self.echo_of(c.index)
+        text = echo + c.text
+        if not self.chat:
+            choice = {"index": c.index, "text": text, "finish_reason": openai_finish(c.finish_reason)}
+        else:
+            message, reason = self._message(text, c.finish_reason)
+            choice = {"index": c.index, "message": message, "finish_reason": reason}
+        choice["logprobs"] = self._logprobs(c.logprobs, len(echo), c.prompt_logprobs)
+        return choice
 
     def _message(self, text: str, finish: FinishReason) -> tuple[dict, str | None]:
         calls = []
@@ -76,46 +101,60 @@ class OpenAIFormat:
         return ({"role": "assistant", "content": text or None,
                  "tool_calls": [c.openai() for c in calls]}, "tool_calls")
 
-    def _logprobs(self, items: list[TokenLogprob] | None, offset: int = 0) -> dict | None:
-        if not items:
+    def _logprobs(self, items: list[TokenLogprob] | None, offset: int = 0,
+                  prompt: list[TokenLogprob] | None = None) -> dict | None:
+        if not items and not prompt:
             return None
-        return chat_logprobs(items) if self.chat else completion_logprobs(items, offset)
+        return chat_logprobs(items) if self.chat else completion_logprobs(items, offset, prompt)
 
     # ---- a stream -----------------------------------------------------------------------------
     def opening_chunks(self) -> list[dict]:
+        """Chat: the assistant role for every choice."""
         if self.chat:
-            return [self._chunk({"role": "assistant", "content": ""}, None)]
-        return [self._chunk(self.echo, None)] if self.echo else []
+            return [self._chunk({"role": "assistant", "content": ""}, None, index=i)
+                    for i in range(self.num_choices)]
+        return []
 
-    def text_chunk(self, text: str, logprobs: list[TokenLogprob] | None = None) -> dict:
+    def echo_chunks(self, index: int, prompt_logprobs: list | None = None) -> list[dict]:
+        """Completions echo: the prompt (with its logprobs when asked), sent with the choice's
+        first event, when the prompt's logprobs are known."""
+        echo = self.echo_of(index)
+        if not echo and not prompt_logprobs:
+            return []
+        lps = completion_logprobs([], 0, prompt_logprobs) if prompt_logprobs else None
+        return [self._chunk(echo, None, lps, index)]
+
+    def text_chunk(self, text: str, logprobs: list[TokenLogprob] | None = None,
+                   index: int = 0) -> dict:
         return self._chunk({"content": text} if self.chat else text, None,
-                           self._logprobs(logprobs))
+                           self._logprobs(logprobs), index)
 
-    def finish_chunk(self, finish: FinishReason) -> dict:
-        return self._chunk({} if self.chat else "", openai_finish(finish))
+    def finish_chunk(self, finish: FinishReason, index: int = 0) -> dict:
+        return self._chunk({} if self.chat else "", openai_finish(finish), index=index)
 
-    def closing_chunks(self, held: str, finish: FinishReason) -> list[dict]:
+    def closing_chunks(self, held: str, finish: FinishReason, index: int = 0) -> list[dict]:
         """The text held back (with tools), the calls as deltas, then the finish chunk: per call
         one delta with its index, id and name, then one with its arguments."""
         if not self.tools:
-            return [self.finish_chunk(finish)]
+            return [self.finish_chunk(finish, index)]
         text, calls = parse_tool_calls(held)
-        chunks = [self.text_chunk(text)] if text else []
+        chunks = [self.text_chunk(text, index=index)] if text else []
         for i, call in enumerate(calls):
             head = call.openai(i)
             head["function"] = {"name": call.name, "arguments": ""}
-            chunks.append(self._chunk({"tool_calls": [head]}, None))
+            chunks.append(self._chunk({"tool_calls": [head]}, None, index=index))
             chunks.append(self._chunk({"tool_calls": [
-                {"index": i, "function": {"arguments": call.arguments}}]}, None))
+                {"index": i, "function": {"arguments": call.arguments}}]}, None, index=index))
         reason = "tool_calls" if calls else openai_finish(finish)
-        return chunks + [self._chunk({}, reason)]
+        return chunks + [self._chunk({}, reason, index=index)]
 
-    def usage_chunk(self, req: Request) -> dict:
+    def usage_chunk(self, usage: dict) -> dict:
         return sse({"id": self.id, "object": self.chunk_object, "created": self.created,
-                    "model": self.model, "choices": [], "usage": usage(req)})
+                    "model": self.model, "choices": [], "usage": usage})
 
-    def _chunk(self, delta: dict | str, finish: str | None, logprobs: dict | None = None) -> dict:
-        choice = ({"index": 0, "delta": delta} if self.chat else {"index": 0, "text": delta})
+    def _chunk(self, delta: dict | str, finish: str | None, logprobs: dict | None = None,
+               index: int = 0) -> dict:
+        choice = ({"index": index, "delta": delta} if self.chat else {"index": index, "text": delta})
         choice.update(logprobs=logprobs, finish_reason=finish)
         payload = {"id": self.id, "object": self.chunk_object, "created": self.created,
                    "model": self.model, "choices": [choice]}
@@ -137,13 +176,24 @@ def chat_logprobs(items: list[TokenLogprob]) -> dict:
             "refusal": None}
 
 
-def completion_logprobs(items: list[TokenLogprob], offset: int = 0) -> dict:
-    """OpenAI (legacy) completions shape: parallel lists and text offsets."""
-    offsets, at = [], offset
+def completion_logprobs(items: list[TokenLogprob], offset: int = 0,
+                        prompt: list[TokenLogprob] | None = None) -> dict:
+    """OpenAI (legacy) completions shape: parallel lists and text offsets. With echo, the
+    prompt's tokens come first, from offset 0 (its first token's logprob is None: null)."""
+    out = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+    if prompt:
+        _add_logprobs(out, prompt, 0)
+    _add_logprobs(out, items, offset)
+    return out
+
+
+def _add_logprobs(out: dict, items: list[TokenLogprob], at: int) -> None:
     for t in items:
-        offsets.append(at)
-        at += len(_text(t.piece))
-    return {"tokens": [_text(t.piece) for t in items],
-            "token_logprobs": [t.logprob for t in items],
-            "top_logprobs": [{_text(p): lp for _, p, lp in t.top} for t in items],
-            "text_offset": offsets}
+        text = _text(t.piece)
+        out["text_offset"].append(at)
+        out["tokens"].append(text)
+        out["token_logprobs"].append(t.logprob)
+        # the first prompt token has nothing before it to predict it: null, as OpenAI and vLLM
+        out["top_logprobs"].append(None if t.logprob is None
+                                   else {_text(p): lp for _, p, lp in t.top})
+        at += len(text)

@@ -76,7 +76,7 @@ class SamplingFields(Body):
     repetition_penalty: Float | None = Field(None, gt=0.0, le=10.0)
     stop: str | list[str] | None = None
     ignore_eos: Bool = False
-    n: Int = Field(1, ge=1, le=INT32_MAX)   # n > 1: a 400 in the routes
+    n: Int = Field(1, ge=1, le=INT32_MAX)   # above PAGEDLLAMA_MAX_N: a 400 in the routes
     stream: Bool = False
     stream_options: StreamOptions | None = None
     priority: Int = Field(0, ge=-INT64_MAX, le=INT64_MAX)
@@ -154,6 +154,7 @@ class ChatCompletionRequest(SamplingFields):
 class CompletionRequest(SamplingFields):
     model: str
     prompt: str | list[TokenId] | list[str] | list[list[TokenId]]
+    max_tokens: Int | None = Field(None, ge=0, le=INT32_MAX)   # 0: score the prompt (echo)
     echo: Bool = False
     logprobs: Int | None = Field(None, ge=0, le=5)
 

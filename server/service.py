@@ -5,7 +5,7 @@ import asyncio
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import AsyncIterator
 
 from fastapi import Request as HTTPRequest
@@ -59,15 +59,27 @@ class LoadedModel:
         return self.preparing + sum(w.outstanding for w in self.workers)
 
 
+Part = tuple[Worker, Request]   # one prompt's first choice (its forks: the other n - 1) and worker
+
+
 @dataclass
 class Generation:
-    """One request on its way through the engine: the model, the context (worker) it runs on,
-    the engine request, and the HTTP request it answers (for disconnects and the log line).
-    `Service.generate` makes one; `Service.events(gen)` yields its engine events."""
+    """One request on its way through the engine: the model, per prompt the context (worker)
+    and engine request (with its forks when n > 1; their events share one queue), and the HTTP
+    request it answers (for disconnects and the log line). `Service.generate` makes one;
+    `Service.stream(gen)` yields its engine events."""
     lm: LoadedModel
-    worker: Worker
-    req: Request
+    parts: list[Part]
     http: HTTPRequest
+
+    @property
+    def reqs(self) -> list[Request]:
+        """The first choice of each prompt (usage counts their forks too)."""
+        return [req for _, req in self.parts]
+
+    def prompt_logprobs(self, index: int, n: int):
+        """The prompt logprobs of choice `index` (its prompt's first choice computed them)."""
+        return self.parts[index // n][1].prompt_logprobs
 
 
 @dataclass
@@ -75,13 +87,22 @@ class Collected:
     text: str
     finish_reason: FinishReason
     logprobs: list[TokenLogprob]
+    index: int = 0
+    prompt_logprobs: list[TokenLogprob] | None = None
+
+
+def choice_seed(seed: int | None, i: int) -> int | None:
+    """Choice i's seed: the request's for the first, derived for the others (they differ, the
+    request stays reproducible, and choice 0 equals the same request with n = 1)."""
+    return None if seed is None or i == 0 else (seed + i * 0x9E3779B9) & 0xFFFFFFFF
 
 
 @dataclass(eq=False)
 class Live:
-    """A request handed to a worker and not yet answered (what a drain ends)."""
-    worker: Worker
-    request: Request
+    """An HTTP request's engine requests (every choice of every prompt: forks too) handed to
+    workers and not yet answered (what a drain ends)."""
+    choices: list[tuple[Worker, Request]]
+    finished: set[int] = field(default_factory=set)   # choice indices whose last event came
 
 
 class Service:
@@ -198,34 +219,56 @@ class Service:
                            headers={"Retry-After": "1"})
 
     # ---- one request --------------------------------------------------------------------------
-    def generate(self, lm: LoadedModel, prompt: list[int], body: SamplingFields,
+    def generate(self, lm: LoadedModel, prompts: list[list[int]], body: SamplingFields,
                  max_tokens: int | None, http: HTTPRequest, grammar: str | None = None) -> Generation:
-        """Validate and submit one request; the stable entry point for every API surface.
-        `grammar` (GBNF, see server/structured.py) constrains the output token by token."""
-        worker, req = self.submit(lm, prompt, body, max_tokens, grammar)
-        return Generation(lm, worker, req, http)
+        """Validate and submit one request (body.n choices of each prompt; choice j of prompt i
+        has index i * n + j); the stable entry point for every API surface. `grammar` (GBNF,
+        see server/structured.py) constrains the output token by token."""
+        parts: list[Part] = []
+        try:
+            for i, prompt in enumerate(prompts):
+                queue = parts[0][1].queue if parts else None
+                parts.append(self.submit(lm, prompt, body, max_tokens, grammar,
+                                         index=i * body.n, queue=queue))
+        except APIError:
+            for worker, req in parts:
+                for r in req.group:
+                    worker.cancel(r)
+            raise
+        return Generation(lm, parts, http)
 
     def stream(self, gen: Generation) -> AsyncIterator[Event]:
-        """A request's engine events as they come (text pieces, then the finish reason)."""
-        return self.events(gen.worker, gen.req, gen.http)
+        """A request's engine events as they come (text pieces, then the finish reason), of
+        every choice (Event.index)."""
+        return self.group_events(gen.parts, gen.http)
 
-    async def collect(self, gen: Generation) -> Collected:
-        """Run a request to its end, not streamed: its whole text, finish reason and logprobs
-        (when asked). Raises APIError 500 on an engine error and 499 if the client went away."""
-        parts, finish, logprobs = [], None, []
-        async for event in self.events(gen.worker, gen.req, gen.http, poll_disconnect=True):
+    async def collect(self, gen: Generation) -> list[Collected]:
+        """Run a request to its end, not streamed: per choice its whole text, finish reason and
+        logprobs (when asked). Raises APIError 500 on an engine error, 503 when a drain ended
+        it, and 499 if the client went away."""
+        n = len(gen.parts[0][1].group)
+        out = {r.index: Collected("", None, [], r.index, gen.prompt_logprobs(r.index, n))
+               for _, req in gen.parts for r in req.group}
+        texts: dict[int, list[str]] = {i: [] for i in out}
+        async for event in self.group_events(gen.parts, gen.http, poll_disconnect=True):
             if event.error:   # 500 engine_error, or 503 when a drain ended it
                 status, code = error_status(event)
                 raise APIError(status, event.error, code)
-            parts.append(event.text)
-            logprobs += event.logprobs or []
-            finish = event.finish_reason
-        if finish is None:   # client went away
+            c = out[event.index]
+            texts[event.index].append(event.text)
+            c.logprobs += event.logprobs or []
+            c.finish_reason = event.finish_reason
+        if any(c.finish_reason is None for c in out.values()):   # client went away
             raise APIError(499, "client disconnected", "client_disconnected")
-        return Collected("".join(parts), finish, logprobs)
+        for i, c in out.items():
+            c.text = "".join(texts[i])
+            c.prompt_logprobs = gen.prompt_logprobs(i, n)
+        return [out[i] for i in sorted(out)]
 
     def submit(self, lm: LoadedModel, prompt: list[int], body: SamplingFields,
-               max_tokens: int | None, grammar: str | None = None) -> tuple[Worker, Request]:
+               max_tokens: int | None, grammar: str | None = None, *, index: int = 0,
+               queue: asyncio.Queue | None = None) -> tuple[Worker, Request]:
+        """Submit body.n choices of one prompt: the first, and n - 1 forks of it."""
         if not prompt:
             raise APIError(400, "the prompt is empty", "empty_prompt", "prompt")
         if any(t < 0 or t >= lm.model.n_vocab for t in prompt):
@@ -242,9 +285,12 @@ class Service:
         params = self._sampling(lm, body, max_tokens)
         params.grammar = grammar
         worker = pick_replica(lm.workers, prompt)
-        req = Request(prompt, params, body.priority, body.timeout)
+        req = Request(prompt, params, body.priority, body.timeout, index=index)
+        req.forks = [Request(prompt, replace(params, seed=choice_seed(params.seed, j)),
+                             body.priority, body.timeout, index=index + j)
+                     for j in range(1, body.n)]
         try:
-            worker.submit(req)
+            worker.submit(req, queue)
         except QueueFull as exc:
             raise APIError(429, f"The server is overloaded ({exc}); retry shortly.",
                            "rate_limit_exceeded", headers={"Retry-After": "1"}) from exc
@@ -256,8 +302,9 @@ class Service:
                            headers={"Retry-After": "1"})
 
     def end_all(self, message: str) -> int:
-        """End every running request now (the end of a drain): each gets a final error event
-        (503 `server_shutting_down`) and is cancelled in its engine. Returns how many."""
+        """End every running request now (the end of a drain): each choice of each gets a final
+        error event (503 `server_shutting_down`) and is cancelled in its engine. Returns how
+        many HTTP requests."""
         self.closing, self.shutdown_message = True, message
         live = list(self.live)
         for item in live:
@@ -265,8 +312,12 @@ class Service:
         return len(live)
 
     def _end(self, item: Live) -> None:
-        item.request.queue.put_nowait(Event(error=self.shutdown_message, finish_reason=SHUTDOWN))
-        item.worker.cancel(item.request)
+        """Every choice not yet finished gets its final error event and is cancelled."""
+        for worker, r in item.choices:
+            if r.index not in item.finished:
+                r.queue.put_nowait(Event(error=self.shutdown_message, finish_reason=SHUTDOWN,
+                                         index=r.index))
+                worker.cancel(r)
 
     def _sampling(self, lm: LoadedModel, body: SamplingFields, max_tokens: int | None) -> SamplingParams:
         d = lm.spec.defaults
@@ -283,7 +334,8 @@ class Service:
             presence_penalty=pick("presence_penalty", 0.0),
             frequency_penalty=pick("frequency_penalty", 0.0),
             stop=body.stop_list(), ignore_eos=body.ignore_eos,
-            logit_bias=self._logit_bias(lm, body.logit_bias), logprobs=self._logprobs(body))
+            logit_bias=self._logit_bias(lm, body.logit_bias), logprobs=self._logprobs(body),
+            prompt_logprobs=getattr(body, "echo", False) and body.logprobs_k() is not None)
 
     @staticmethod
     def _logprobs(body: SamplingFields) -> int | None:
@@ -307,15 +359,24 @@ class Service:
 
     async def events(self, worker: Worker, req: Request, http: HTTPRequest,
                      poll_disconnect: bool = False) -> AsyncIterator[Event]:
-        """The request's events until it finishes. Leaving early (the client went away, or the
-        stream was cancelled) cancels the request in the engine, which frees its KV."""
+        """The request's events until it finishes."""
+        async for event in self.group_events([(worker, req)], http, poll_disconnect):
+            yield event
+
+    async def group_events(self, parts: list[Part], http: HTTPRequest,
+                           poll_disconnect: bool = False) -> AsyncIterator[Event]:
+        """The events of requests sharing one queue (every choice of every prompt) until each
+        has finished. Leaving early (the client went away, or the stream was cancelled) cancels
+        them all in the engine, which frees their KV."""
         status, next_check = "ok", time.monotonic() + 0.5
-        live = Live(worker, req)
+        choices = [(worker, r) for worker, req in parts for r in req.group]
+        queue = parts[0][1].queue
+        live = Live(choices)
         self.live.add(live)
         if self.closing:          # submitted just before a drain ended everything
             self._end(live)
         try:
-            while True:
+            while len(live.finished) < len(choices):
                 if poll_disconnect:   # nothing is being sent: ask the server about the client
                     if time.monotonic() >= next_check:
                         next_check = time.monotonic() + 0.5
@@ -323,33 +384,39 @@ class Service:
                             status = "disconnected"
                             return
                     try:
-                        event = await asyncio.wait_for(req.queue.get(), timeout=0.5)
+                        event = await asyncio.wait_for(queue.get(), timeout=0.5)
                     except asyncio.TimeoutError:
                         continue
                 else:
-                    event = await req.queue.get()
+                    event = await queue.get()
+                if event.index in live.finished:
+                    continue   # a choice a drain ended, whose own events were on their way
                 if event.error:
                     status = "shutdown" if event.finish_reason == SHUTDOWN else "error"
-                yield event
                 if event.finish_reason:
-                    return
+                    live.finished.add(event.index)
+                yield event
         except (asyncio.CancelledError, GeneratorExit):
             if status == "ok":
                 status = "disconnected"
             raise
         finally:
             self.live.discard(live)
-            if req.finish_reason is None or status == "disconnected":
-                worker.cancel(req)
-            self._log(http, worker, req, status)
+            for worker, r in choices:
+                if r.finish_reason is None or status == "disconnected":
+                    worker.cancel(r)
+            self._log(http, parts, status)
 
-    def _log(self, http: HTTPRequest, worker: Worker, req: Request, status: str) -> None:
-        now = time.monotonic()
+    def _log(self, http: HTTPRequest, parts: list[Part], status: str) -> None:
+        now, (worker, req) = time.monotonic(), parts[0]
+        choices = [r for _, p in parts for r in p.group]
         ttft = f"{req.first_token_time - req.arrival_time:.3f}s" if req.first_token_time else "-"
-        log.info("%s %s %s model=%s prompt=%d cached=%d completion=%d ttft=%s total=%.3fs "
-                 "finish=%s", http.method, http.url.path, status, worker.name, len(req.prompt),
-                 req.num_cached, req.num_output, ttft, now - req.arrival_time,
-                 req.finish_reason or "cancelled")
+        log.info("%s %s %s model=%s prompt=%d cached=%d completion=%d%s ttft=%s total=%.3fs "
+                 "finish=%s", http.method, http.url.path, status, worker.name,
+                 sum(len(p.prompt) for _, p in parts), sum(p.num_cached for _, p in parts),
+                 sum(r.num_output for r in choices),
+                 f" choices={len(choices)}" if len(choices) > 1 else "", ttft,
+                 now - req.arrival_time, req.finish_reason or "cancelled")
 
 
 def error_status(event: Event) -> tuple[int, str]:

@@ -193,7 +193,7 @@ def test_wrong_type_is_a_400_naming_the_field(server_url, model_name):
 
 
 @pytest.mark.parametrize("field,value", [("temperature", 5), ("top_p", 0), ("max_tokens", 0),
-                                         ("presence_penalty", 3), ("n", 2), ("min_p", 1.5)])
+                                         ("presence_penalty", 3), ("n", 9), ("n", 0), ("min_p", 1.5)])
 def test_out_of_range_sampling_value_is_a_400(server_url, model_name, field, value):
     resp = httpx.post(f"{server_url}/v1/chat/completions", json={
         "model": model_name, "messages": [{"role": "user", "content": "hi"}], field: value})

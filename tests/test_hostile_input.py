@@ -31,6 +31,8 @@ LONE = "a\ud800b"
 CHAT = {"model": M, "max_tokens": 4}
 SURROGATE_BODIES = {
     "completion prompt": ("/v1/completions", {"model": M, "prompt": LONE}, "prompt"),
+    "completion prompt list": ("/v1/completions", {"model": M, "prompt": ["ok", LONE], "n": 2},
+                               "prompt.1"),
     "streamed completion prompt": ("/v1/completions", {"model": M, "prompt": LONE,
                                                        "stream": True}, "prompt"),
     "chat content": ("/v1/chat/completions", {**CHAT, "messages": [
@@ -118,6 +120,14 @@ def test_a_prompt_that_cannot_fit_is_rejected_without_tokenizing_it(server_url):
     t0 = time.monotonic()
     err = error(post(server_url, "/v1/completions", {"model": M, "prompt": "<|im_end|>" * 15_000}),
                 400)
+    assert err["code"] == "context_length_exceeded" and "at least" in err["message"]
+    assert time.monotonic() - t0 < 0.5
+
+
+def test_a_prompt_of_a_list_that_cannot_fit_is_rejected_without_tokenizing_it(server_url):
+    t0 = time.monotonic()
+    err = error(post(server_url, "/v1/completions", {
+        "model": M, "prompt": ["Hello", "<|im_end|>" * 15_000], "n": 2}), 400)
     assert err["code"] == "context_length_exceeded" and "at least" in err["message"]
     assert time.monotonic() - t0 < 0.5
 

@@ -28,7 +28,7 @@ def error_of(exc) -> dict:
     ("audio", {"voice": "alloy", "format": "mp3"}), ("modalities", ["text", "audio"]),
     ("prediction", {"type": "content", "content": "x"}), ("verbosity", "low"),
     ("reasoning_effort", "low"),
-    ("n", 2), ("guided_json", {"type": "object"})])
+    ("guided_json", {"type": "object"})])
 def test_a_field_we_do_not_implement_is_a_400_naming_it(client, model_name, field, value):
     with pytest.raises(openai.BadRequestError) as exc:
         ask(client, model_name, max_tokens=2, extra_body={field: value})
@@ -47,13 +47,6 @@ def test_an_image_content_part_is_a_400_naming_messages(client, model_name):
             {"role": "user", "content": [{"type": "image_url",
                                           "image_url": {"url": "data:image/png;base64,AA=="}}]}])
     assert error_of(exc)["code"] == "unsupported_parameter" and error_of(exc)["param"] == "messages"
-
-
-def test_completions_echo_with_logprobs_is_a_400(client, model_name):
-    with pytest.raises(openai.BadRequestError) as exc:
-        client.completions.create(model=model_name, prompt="Hi", max_tokens=2, logprobs=2,
-                                  echo=True)
-    assert error_of(exc)["param"] == "echo"
 
 
 # ---- structured output ---------------------------------------------------------------------------

@@ -62,7 +62,8 @@ def test_sigterm_lets_short_requests_finish_and_ends_long_ones_cleanly():
     with server_process({"PAGEDLLAMA_DRAIN_SECONDS": "4"}) as server:
         base = server.base
         long_chat, long_text, short, plain, client, resp = {}, {}, {}, {}, {}, {}
-        events = [threading.Event() for _ in range(5)]
+        forked, listed = {}, {}
+        events = [threading.Event() for _ in range(6)]
         chat_body = {"model": M, "messages": [{"role": "user", "content": "Tell a story."}]}
         threads = [
             threading.Thread(target=sse, args=(base, "/v1/chat/completions",
@@ -76,12 +77,18 @@ def test_sigterm_lets_short_requests_finish_and_ends_long_ones_cleanly():
             threading.Thread(target=sse, args=(base, "/v1/responses",
                                                {"model": M, "input": "Tell a story.", **LONG},
                                                resp, events[4])),
+            # n > 1 and a list of prompts: every choice (forks too) is ended by the drain
+            threading.Thread(target=sse, args=(base, "/v1/completions",
+                                               {"model": M, "prompt": "Thrice", "n": 2, **LONG},
+                                               forked, events[5])),
+            threading.Thread(target=whole, args=(base, {"model": M, "prompt": ["Four", "Five"],
+                                                        "n": 2, **LONG}, listed)),
         ]
         for t in threads:
             t.start()
-        for e in events[:3] + events[4:]:
+        for e in events[:3] + events[4:]:   # events[3]: the short request, sent later
             assert e.wait(60)
-        wait_running(base, 5)
+        wait_running(base, 11)              # 5 requests, 2 choices, 2 prompts x 2 choices
 
         server.proc.send_signal(signal.SIGTERM)
         t_term = time.monotonic()
@@ -115,10 +122,18 @@ def test_sigterm_lets_short_requests_finish_and_ends_long_ones_cleanly():
     assert last["type"] == "error" and last["code"] == "server_shutting_down"
     assert json.loads(resp["data"][-2])["type"] == "response.output_text.delta"
     assert plain["status"] == 503 and plain["body"]["error"]["code"] == "server_shutting_down"
+    assert listed["status"] == 503 and listed["body"]["error"]["code"] == "server_shutting_down"
+    # the n = 2 stream: both choices streamed, then one final error event and [DONE]
+    assert forked["ended"] == "closed", forked["ended"]
+    assert forked["data"][-1] == "[DONE]"
+    assert json.loads(forked["data"][-2])["error"]["code"] == "server_shutting_down"
+    chunks = [json.loads(d) for d in forked["data"][:-2]]
+    assert {c["choices"][0]["index"] for c in chunks if c.get("choices")} == {0, 1}
+    assert 3.5 < forked["t"] - t_term < 8
 
     assert exit_code in (0, -signal.SIGTERM) and t_exit - t_term < 12
     assert "ASGI callable returned without completing response" not in log
-    assert "ended 5 request(s) still running" in log
+    assert "ended 7 request(s) still running" in log
 
 
 def test_sigterm_exits_as_soon_as_running_requests_finish():

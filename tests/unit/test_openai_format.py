@@ -2,8 +2,10 @@
 import json
 from types import SimpleNamespace
 
+from engine.logprobs import TokenLogprob
 from scheduler import FinishReason
-from server.openai_format import OpenAIFormat
+from server.openai_format import OpenAIFormat, usage
+from server.service import Collected
 
 REQ = SimpleNamespace(prompt=[1, 2, 3], num_output=4, num_cached=0)
 CALL = '<tool_call>{"name": "f", "arguments": {"a": 1}}</tool_call>'
@@ -13,23 +15,27 @@ def fmt(**kw):
     return OpenAIFormat(kw.pop("kind", "chat"), "m", "chatcmpl-1", 0, **kw)
 
 
+def answer(f, text, finish=FinishReason.STOP, **kw):
+    return f.response([Collected(text, finish, [], **kw)], usage(REQ))
+
+
 def data(chunk):
     return json.loads(chunk["data"])
 
 
 def test_a_timeout_is_reported_as_length():
-    body = fmt().response("hi", FinishReason.TIMEOUT, REQ)
+    body = answer(fmt(), "hi", FinishReason.TIMEOUT)
     assert body["choices"][0]["finish_reason"] == "length"
 
 
 def test_a_tool_call_becomes_message_tool_calls_with_finish_reason_tool_calls():
-    choice = fmt(tools=True).response(CALL, FinishReason.STOP, REQ)["choices"][0]
+    choice = answer(fmt(tools=True), CALL)["choices"][0]
     assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] is None
     assert choice["message"]["tool_calls"][0]["function"] == {"name": "f", "arguments": '{"a": 1}'}
 
 
 def test_without_tools_a_tagged_call_stays_text():
-    choice = fmt().response(CALL, FinishReason.STOP, REQ)["choices"][0]
+    choice = answer(fmt(), CALL)["choices"][0]
     assert choice["message"]["content"] == CALL and "tool_calls" not in choice["message"]
 
 
@@ -43,10 +49,50 @@ def test_streamed_tool_calls_are_a_name_delta_then_an_arguments_delta_then_the_f
 
 
 def test_usage_counts_prompt_and_completion_tokens():
-    usage = fmt().response("x", FinishReason.STOP, REQ)["usage"]
+    usage = answer(fmt(), "x")["usage"]
     assert (usage["prompt_tokens"], usage["completion_tokens"], usage["total_tokens"]) == (3, 4, 7)
 
 
 def test_completions_echo_puts_the_prompt_before_the_text():
-    body = fmt(kind="completion", echo="Q: ").response("A", FinishReason.STOP, REQ)
+    body = answer(fmt(kind="completion", echo=["Q: "]), "A")
     assert body["choices"][0]["text"] == "Q: A" and body["object"] == "text_completion"
+
+
+def piece(text, lp, top=()):
+    return TokenLogprob(0, text.encode(), lp, top)
+
+
+def test_echo_logprobs_put_the_prompt_tokens_first_and_the_first_one_has_none():
+    f = fmt(kind="completion", echo=["Q: "])
+    prompt = [piece("Q", None), piece(":", -1.0, ((0, b":", -1.0),)), piece(" ", -2.0)]
+    lps = answer(f, "A", prompt_logprobs=prompt)["choices"][0]["logprobs"]
+    lps_gen = f.response([Collected("A", FinishReason.STOP, [piece("A", -0.5)],
+                                    prompt_logprobs=prompt)], usage(REQ))["choices"][0]["logprobs"]
+    assert lps["tokens"] == ["Q", ":", " "] and lps["token_logprobs"] == [None, -1.0, -2.0]
+    assert lps["top_logprobs"][:2] == [None, {":": -1.0}] and lps["text_offset"] == [0, 1, 2]
+    assert lps_gen["tokens"][-1] == "A" and lps_gen["text_offset"][-1] == 3
+
+
+def test_choices_are_indexed_and_each_gets_its_prompts_echo():
+    f = fmt(kind="completion", echo=["a", "b"], n=2, num_choices=4)
+    body = f.response([Collected(str(i), FinishReason.STOP, [], index=i) for i in range(4)],
+                      usage(REQ))
+    assert [(c["index"], c["text"]) for c in body["choices"]] == [
+        (0, "a0"), (1, "a1"), (2, "b2"), (3, "b3")]
+
+
+def test_streamed_chunks_carry_their_choice_index():
+    f = fmt(n=2, num_choices=2, stream=True)
+    assert [data(c)["choices"][0]["index"] for c in f.opening_chunks()] == [0, 1]
+    assert data(f.text_chunk("x", index=1))["choices"][0]["index"] == 1
+    end = data(f.closing_chunks("", FinishReason.LENGTH, 1)[-1])["choices"][0]
+    assert end["index"] == 1 and end["finish_reason"] == "length"
+
+
+def test_usage_counts_every_choice_and_each_prompt_once():
+    a = SimpleNamespace(prompt=[1, 2], num_output=3, num_cached=0)
+    b = SimpleNamespace(prompt=[1, 2], num_output=5, num_cached=0)
+    first = SimpleNamespace(prompt=[1, 2], num_output=1, num_cached=2, group=None)
+    first.group = [first, a, b]
+    u = usage([first])
+    assert (u["prompt_tokens"], u["completion_tokens"], u["total_tokens"]) == (2, 9, 11)

@@ -24,7 +24,8 @@ def error_of(fields: dict) -> dict:
     ("max_tokens", True), ("max_tokens", "16"), ("max_tokens", 16.0), ("priority", False),
     ("timeout", float("inf")), ("temperature", float("nan")), ("temperature", "0.5"),
     ("stream", "true"), ("ignore_eos", 1), ("seed", 1.5), ("top_k", 2**40),
-    ("prompt", [1, True]), ("echo", 0)])
+    ("prompt", [1, True]), ("prompt", [[1], [2, False]]), ("prompt", [-1]),
+    ("prompt", [[2**31]]), ("echo", 0), ("max_tokens", -1), ("n", 0), ("n", 2.0)])
 def test_a_loosely_typed_value_is_rejected(field, value):
     assert error_of({field: value})["loc"][0] == field
 
@@ -97,3 +98,14 @@ def test_a_body_with_a_lone_surrogate_fails_validation_naming_the_field():
             {"model": "m", "messages": [{"role": "user", "content": "x", "name": "\ud800"}]})
     error = exc.value.errors()[0]
     assert error["type"] == "invalid_unicode" and error["ctx"]["where"] == "messages.0.name"
+
+
+def test_max_tokens_0_and_prompt_lists_are_valid():
+    body = completion(max_tokens=0, echo=True, prompt=[[1, 2], [3]], n=2)
+    assert body.max_tokens == 0 and body.prompt == [[1, 2], [3]] and body.n == 2
+    assert completion(prompt=["a", "b"]).prompt == ["a", "b"]
+
+
+def test_every_prompt_of_a_list_is_checked_for_lone_surrogates():
+    error = error_of({"prompt": ["ok", "fine", "a\udc00"]})
+    assert error["type"] == "invalid_unicode" and error["ctx"]["where"] == "prompt.2"
