@@ -1,6 +1,5 @@
 """The serving core through a real HTTP server, a real model and the official openai client."""
 import json
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 

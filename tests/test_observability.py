@@ -10,7 +10,6 @@ import re
 import statistics
 import threading
 import time
-from pathlib import Path
 
 import httpx
 import pytest

@@ -1,11 +1,9 @@
 """Scheduling policies, admission control and deadlines through the real server."""
 import statistics
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
-import pytest
 from openai import OpenAI
 
 from tests.server_proc import SMOLLM2_NAME, running_server

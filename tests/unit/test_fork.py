@@ -3,7 +3,6 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from scheduler import Sequence, Status
-from tests.fakes import FakeKV
 from tests.unit.test_scheduler import BS, make, seq, workload_scheduler
 
 
