@@ -100,7 +100,8 @@ class Worker:
             prefill_chunk=config.prefill_chunk, share_cells=config.kv_unified)
         self.scheduler = Scheduler(
             self.manager, make_policy(config.scheduler), max_seqs=config.max_seqs,
-            max_batch_tokens=config.max_batch_tokens, preemption=config.preemption)
+            max_batch_tokens=config.max_batch_tokens, preemption=config.preemption,
+            merge_cells=not config.flash_attn)
         self.max_seq_len = min(config.n_ctx, self.context.n_ctx_seq)
         self.inbox: deque[InboxMessage] = deque()
         self.wakeup = threading.Event()

@@ -59,7 +59,8 @@ class StepPlan:
 
 class Scheduler:
     def __init__(self, manager: BlockManager, policy: Policy, *, max_seqs: int = 16,
-                 max_batch_tokens: int = 256, preemption: str = "swap"):
+                 max_batch_tokens: int = 256, preemption: str = "swap",
+                 merge_cells: bool = False):
         if max_batch_tokens < max_seqs + manager.prefill_chunk:
             raise ValueError(f"max_batch_tokens ({max_batch_tokens}) must be at least max_seqs "
                              f"({max_seqs}) + prefill chunk ({manager.prefill_chunk})")
@@ -67,6 +68,7 @@ class Scheduler:
             raise ValueError("preemption must be 'swap' or 'recompute'")
         self.manager, self.policy = manager, policy
         self.max_seqs, self.max_batch_tokens, self.preemption = max_seqs, max_batch_tokens, preemption
+        self.merge_cells = merge_cells   # see _merged_end
         self.waiting: list[Sequence] = []
         self.running: list[Sequence] = []
         self.inflight: dict[int, Sequence] = {}   # block hash -> sequence computing it now
@@ -171,10 +173,25 @@ class Scheduler:
         end = min((start // chunk + 1) * chunk, len(seq.tokens))
         if end - start > budget:
             return False
+        if (self.merge_cells and not seq.prompt_logits
+                and not any(c.seq.is_decoding for c in plan.chunks)):
+            end = self._merged_end(seq, start, end, budget)
         claims = self._claims(seq, start, end)
         if claims is None:
             return False
         return self._plan(seq, end - start, plan, claims)
+
+    def _merged_end(self, seq: Sequence, start: int, end: int, budget: int) -> int:
+        """Several grid cells of one prompt in one piece, while no sequence decodes (nobody
+        waits on this step). Exact only with plain attention: then any cut of a prompt into
+        pieces of 2 or more tokens computes the same numbers (../shared/FINDINGS.md), so a
+        piece may span cells as long as a 1-token tail stays a piece of its own, as it is on
+        the grid (a cache hit can leave exactly that token to compute)."""
+        n, chunk = len(seq.tokens), self.manager.prefill_chunk
+        limit = min(n, start + budget)
+        if limit == n and n % chunk != 1:
+            return n
+        return max(end, limit // chunk * chunk)
 
     def _claims(self, seq: Sequence, start: int, end: int) -> list[int] | None:
         """Hashes of the full blocks in [start, end) this sequence would compute first, or None

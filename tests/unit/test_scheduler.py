@@ -435,3 +435,28 @@ def test_random_workloads_under_kv_pressure_end_with_balanced_books(policy, pree
         step_and_check(sched, kv, list(seqs.values()), now, max_ops)
     assert all(s.status is Status.FINISHED for s in seqs.values())
     assert sched.manager.num_used_blocks == 0 and kv.saved == {}
+
+
+def test_merged_cells_take_a_lone_prompt_in_one_piece_and_keep_a_one_token_tail_apart():
+    """merge_cells (plain attention): while nothing decodes, a prompt takes several grid cells
+    at once, up to the budget; pieces end on the grid except the tail, and a 1-token tail is a
+    piece of its own (a cache hit can leave exactly that token, FINDINGS.md)."""
+    def pieces(n_prompt, budget=24, merge=True, others=()):
+        sched, kv = make(budget=budget, blocks=128)
+        sched.merge_cells = merge
+        for o in others:
+            sched.add(o)
+            while not o.is_decoding:
+                step(sched, kv)
+        s = seq(n_prompt, base=500)
+        sched.add(s)
+        cuts = []
+        while s.num_output == 0:
+            plan = step(sched, kv)
+            cuts += [(c.start, c.end) for c in plan.chunks if c.seq is s]
+        return cuts
+    assert pieces(10) == [(0, 10)]
+    assert pieces(10, merge=False) == [(0, 4), (4, 8), (8, 10)]
+    assert pieces(9) == [(0, 8), (8, 9)]                   # 9 = 2 cells + a 1-token tail
+    assert pieces(30) == [(0, 24), (24, 30)]               # the budget, cut on the grid
+    assert pieces(10, others=[seq(3, max_tokens=50)]) == [(0, 4), (4, 8), (8, 10)]   # a stream decodes
