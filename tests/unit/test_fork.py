@@ -4,6 +4,7 @@ from hypothesis import given, settings, strategies as st
 
 from scheduler import Sequence, Status
 from tests.unit.test_scheduler import BS, make, seq, workload_scheduler
+from tests.unit.test_scheduler import step as scheduler_step
 
 
 def group(n_prompt, n, max_tokens=3, base=0):
@@ -22,22 +23,8 @@ def add(sched, seqs):
 
 
 def step(sched, kv, now=None):
-    """One engine step as the worker runs it: a sequence whose prompt was just computed forks
-    its pending forks, and each of them samples its own first token from the same logits."""
-    plan = sched.schedule(now)
-    kv.apply(plan.ops)
-    for c in plan.chunks:
-        for pos in range(c.start, c.end):
-            kv.write(c.seq.seq_id, pos, tuple(c.seq.tokens[:pos + 1]))
-    sched.advance(plan)
-    for c in plan.chunks:
-        if c.wants_logits:
-            for s in [c.seq, *(sched.fork(c.seq) if c.seq.forks else [])]:
-                s.tokens.append(1000 + 10 * s.num_output + (s.arrival % 7))
-                if s.num_output >= s.max_tokens:
-                    sched.finish(s, "length")
-    kv.apply(sched.manager.take_ops())
-    return plan
+    """test_scheduler's step; each choice samples its own first token from the same logits."""
+    return scheduler_step(sched, kv, lambda s: 1000 + 10 * s.num_output + (s.arrival % 7), now)
 
 
 def run_to_end(sched, kv, limit=200):

@@ -22,7 +22,9 @@ def make(policy="fifo", max_seqs=4, budget=24, blocks=64, prefill_chunk=BS, pree
 
 
 def step(sched, kv, next_token=lambda seq: 1000 + seq.num_output, now=None):
-    """One engine step: plan, apply ops, 'decode', advance, append sampled tokens."""
+    """One engine step as the worker runs it: plan, apply ops, 'decode', advance; a sequence
+    whose prompt was just computed forks its pending forks (n > 1), and each sequence that
+    produced logits appends its sampled token."""
     plan = sched.schedule(now)
     kv.apply(plan.ops)
     for c in plan.chunks:
@@ -31,9 +33,10 @@ def step(sched, kv, next_token=lambda seq: 1000 + seq.num_output, now=None):
     sched.advance(plan)
     for c in plan.chunks:
         if c.wants_logits:
-            c.seq.tokens.append(next_token(c.seq))
-            if c.seq.num_output >= c.seq.max_tokens:
-                sched.finish(c.seq, "length")
+            for s in [c.seq, *(sched.fork(c.seq) if c.seq.forks else [])]:
+                s.tokens.append(next_token(s))
+                if s.num_output >= s.max_tokens:
+                    sched.finish(s, "length")
     kv.apply(sched.manager.take_ops())
     return plan
 
