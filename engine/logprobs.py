@@ -20,10 +20,10 @@ class TokenLogprob:
 def token_logprob(logits: np.ndarray, token: int, k: int,
                   piece: Callable[[int], bytes]) -> TokenLogprob:
     m = float(logits.max())
-    lse = m + float(np.log(np.exp(logits - m, dtype=np.float64).sum()))
+    lse = m + float(np.log(np.exp(logits - m).sum(dtype=np.float64)))
     top = ()
     if k > 0:
-        ids = np.argpartition(-logits, k - 1)[:k]
+        ids = np.argpartition(logits, -k)[-k:]
         ids = ids[np.argsort(-logits[ids], kind="stable")]
         top = tuple((int(i), piece(int(i)), float(logits[i]) - lse) for i in ids)
     return TokenLogprob(token, piece(token), float(logits[token]) - lse, top)

@@ -27,7 +27,8 @@ class SamplingParams:
     penalty_last_n: int = 64
     stop: list[str] = field(default_factory=list)
     ignore_eos: bool = False
-    grammar: str | None = None        # GBNF: every token must keep the output in this language
+    grammar: str | None = None        # llguidance grammar (engine/grammar.py): every token must
+                                      # keep the output in its language
     logit_bias: dict[int, float] = field(default_factory=dict)   # added to the logits first
     logprobs: int | None = None       # None: none; k: the sampled token's and the k most likely
     prompt_logprobs: bool = False     # the prompt tokens' logprobs too (completions echo)
@@ -41,10 +42,12 @@ class SamplingParams:
 class Sampler:
     """`sample` returns a token id, or None when a grammar allows no token (a dead end)."""
 
-    def __init__(self, params: SamplingParams, n_vocab: int, vocab=None):
+    def __init__(self, params: SamplingParams, n_vocab: int, grammar_tokenizer=None):
+        """`grammar_tokenizer`: engine.grammar.tokenizer_for(model), needed with a grammar."""
         self.greedy = params.temperature == 0 and not params.has_penalties
         self.chain = None
-        self.grammar = Grammar(vocab, params.grammar, n_vocab) if params.grammar else None
+        self.grammar = (Grammar(grammar_tokenizer, params.grammar, n_vocab) if params.grammar
+                        else None)
         self.bias_ids = np.array(list(params.logit_bias), dtype=np.int64)
         self.bias = np.array(list(params.logit_bias.values()), dtype=np.float32)
         if self.greedy:

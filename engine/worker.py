@@ -26,6 +26,7 @@ from collections import deque
 from dataclasses import dataclass, replace
 
 from engine.detok import TextStream
+from engine.grammar import tokenizer_for
 from engine.llama import Context, ContextConfig, Model
 from engine.logprobs import TokenLogprob, token_logprob
 from engine.request import Admit, Cancel, Event, InboxMessage, Request
@@ -217,7 +218,8 @@ class Worker:
                       else self.max_seq_len - len(req.prompt))
         deadline = req.arrival_time + req.timeout if req.timeout else None
         req.seq = Sequence(req.prompt, max_tokens, req.priority, deadline, owner=req)
-        req.sampler = Sampler(p, self.model.n_vocab, self.model.vocab)
+        req.sampler = Sampler(p, self.model.n_vocab,
+                              tokenizer_for(self.model) if p.grammar else None)
         req.stream = TextStream(self.model.piece, p.stop)
         self.scheduler.add(req.seq)
 

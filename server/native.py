@@ -48,7 +48,7 @@ async def generate_stream(body: GenerateRequest, http: HTTPRequest):
                                        body.max_tokens, http)
     else:
         prompt = await svc.text_prompt(lm, body.prompt, body.max_tokens, http)
-    worker, req = svc.submit(lm, prompt, body, body.max_tokens, grammar_for(body, lm.model.vocab))
+    worker, req = svc.submit(lm, prompt, body, body.max_tokens, grammar_for(body, lm.model))
     return EventSourceResponse(_events(svc, worker, req, http), ping=15, sep="\n")
 
 

@@ -48,7 +48,7 @@ async def chat_completions(body: ChatCompletionRequest, http: HTTPRequest):
     except ValueError as exc:
         raise APIError(400, str(exc), "invalid_content", "messages") from exc
     use = parse_tools(body.tools, body.tool_choice, body.parallel_tool_calls)
-    grammar = grammar_for(body, lm.model.vocab)
+    grammar = grammar_for(body, lm.model)
     if grammar and use.grammar():
         raise APIError(400, "a tool_choice that forces a call cannot be combined with "
                        "response_format, json_schema or grammar", "invalid_value", "tool_choice")
@@ -82,7 +82,7 @@ async def completions(body: CompletionRequest, http: HTTPRequest):
             raise APIError(400, "the prompt is empty", "empty_prompt", "prompt")
         prompts.append(await svc.text_prompt(lm, p, max_tokens, http) if isinstance(p, str)
                        else list(p))
-    gen = svc.generate(lm, prompts, body, max_tokens, http, grammar_for(body, lm.model.vocab))
+    gen = svc.generate(lm, prompts, body, max_tokens, http, grammar_for(body, lm.model))
     echo = ([p if isinstance(p, str) else lm.model.detokenize(p) for p in prompts_in]
             if body.echo else [])   # after generate: it has checked the token ids
     return await _respond(svc, gen, _format("completion", lm, body, echo, len(prompts)))

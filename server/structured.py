@@ -1,10 +1,12 @@
-"""Structured output: the request's constraint as one GBNF grammar, or a 400 naming what is wrong.
+"""Structured output: the request's constraint as one llguidance grammar, or a 400 naming what is
+wrong.
 
 Sources (at most one per request): OpenAI's `response_format` (`json_object`, `json_schema`),
 llama-server's top-level `json_schema` and `grammar` (GBNF). JSON schemas are checked with
-`jsonschema` (a schema that is not a valid schema is a 400) and compiled to GBNF with llama.cpp's
-converter; the grammar is then parsed by llama.cpp once here, so a request that reaches the
-engine always has a grammar the engine accepts.
+`jsonschema` (a schema that is not a valid schema is a 400) and compiled by llguidance, which
+refuses keywords it cannot enforce (`uniqueItems`, `not`, `if`, `contains`, ...) instead of
+dropping them; the grammar is then validated against the model's vocabulary here, so a request
+that reaches the engine always has a grammar the engine accepts (engine/grammar.py).
 """
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ from typing import Any
 
 import jsonschema
 
-from engine.grammar import GrammarError, check_gbnf, schema_to_gbnf
+from engine.grammar import GrammarError, check, from_gbnf, from_json_schema, tokenizer_for
 from server.errors import APIError
 from server.schemas import SamplingFields
 
@@ -22,8 +24,8 @@ def bad(param: str, message: str) -> APIError:
     return APIError(400, message, code, param)
 
 
-def grammar_for(body: SamplingFields, vocab) -> str | None:
-    """The GBNF that constrains this request's output, or None when nothing does."""
+def grammar_for(body: SamplingFields, model) -> str | None:
+    """The grammar that constrains this request's output, or None when nothing does."""
     sources = [name for name in ("response_format", "json_schema", "grammar")
                if _given(name, getattr(body, name, None))]
     if len(sources) > 1:
@@ -31,20 +33,21 @@ def grammar_for(body: SamplingFields, vocab) -> str | None:
     if not sources:
         return None
     name = sources[0]
-    if name == "grammar":
-        gbnf = body.grammar
-    elif name == "json_schema":
-        gbnf = compile_schema(body.json_schema, "json_schema")
-    else:
-        gbnf = _response_format(body.response_format)
     try:
-        check_gbnf(vocab, gbnf)
+        if name == "grammar":
+            grammar = from_gbnf(body.grammar)
+        elif name == "json_schema":
+            grammar = compile_schema(body.json_schema, "json_schema")
+        else:
+            grammar = _response_format(body.response_format)
+        check(grammar, tokenizer_for(model))
     except GrammarError as exc:
         raise bad(name, str(exc)) from exc
-    return gbnf
+    return grammar
 
 
 def compile_schema(schema: Any, param: str) -> str:
+    """The grammar of this JSON schema, or a 400 naming `param` and what is wrong."""
     if not isinstance(schema, dict):
         raise bad(param, f"{param} must be a JSON object (a JSON schema)")
     try:
@@ -53,57 +56,18 @@ def compile_schema(schema: Any, param: str) -> str:
         where = "/".join(str(p) for p in exc.path)
         raise bad(param, f"invalid JSON schema{' at ' + where if where else ''}: "
                          f"{exc.message}") from exc
-    where = unenforced(schema)
-    if where:
-        raise bad(param, f"'{where[0]}' at {where[1]} is not enforced by the grammar engine "
-                         "(llama.cpp's JSON-schema converter drops it), so the output could "
-                         "break it; remove it or express it with enum/pattern/maxLength")
     try:
-        return schema_to_gbnf(schema)
+        grammar = from_json_schema(schema)
+        check(grammar)
     except GrammarError as exc:
-        raise bad(param, str(exc)) from exc
-
-
-# Keywords llama.cpp's converter (as shipped in llama-cpp-python) ignores: a schema using one is
-# refused, since the grammar would not hold the output to it (measured: "minimum"/"maximum"
-# were broken by 4 of 200 sampled answers). "format" is an annotation in JSON Schema: allowed.
-UNENFORCED = frozenset({"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
-                        "multipleOf", "uniqueItems", "minProperties", "maxProperties",
-                        "patternProperties", "propertyNames", "not", "if", "then", "else",
-                        "contains", "minContains", "maxContains", "dependentRequired",
-                        "dependentSchemas", "unevaluatedProperties", "unevaluatedItems"})
-_SUBSCHEMA_MAPS = ("properties", "$defs", "definitions")
-_SUBSCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
-
-
-def unenforced(schema: Any, path: str = "#") -> tuple[str, str] | None:
-    """The first (keyword, JSON pointer) the converter would silently drop, or None."""
-    if not isinstance(schema, dict):
-        return None
-    for key in schema:
-        if key in UNENFORCED:
-            return key, path
-    children = [(f"{path}/{m}/{k}", v) for m in _SUBSCHEMA_MAPS
-                for k, v in (schema.get(m) or {}).items()]
-    children += [(f"{path}/{m}/{i}", v) for m in _SUBSCHEMA_LISTS
-                 for i, v in enumerate(schema.get(m) or [])]
-    for key in ("items", "additionalProperties"):
-        child = schema.get(key)
-        if isinstance(child, list):
-            children += [(f"{path}/{key}/{i}", v) for i, v in enumerate(child)]
-        elif isinstance(child, dict):
-            children.append((f"{path}/{key}", child))
-    for where, child in children:
-        found = unenforced(child, where)
-        if found:
-            return found
-    return None
+        raise bad(param, f"the JSON schema cannot be enforced: {exc}") from exc
+    return grammar
 
 
 def _response_format(fmt: dict) -> str | None:
     kind = fmt.get("type") if isinstance(fmt, dict) else None
     if kind == "json_object":
-        return schema_to_gbnf({"type": "object"})
+        return compile_schema({"type": "object"}, "response_format")
     if kind == "json_schema":
         spec = fmt.get("json_schema")
         if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):

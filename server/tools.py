@@ -17,7 +17,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.grammar import GrammarError, schema_to_gbnf
+from engine.grammar import GrammarError, check, from_lark, json_value_lark
 from server.errors import APIError
 from server.structured import compile_schema
 
@@ -101,17 +101,21 @@ def _choice(tool_choice: Any, names: set[str]) -> str:
 
 
 def calls_grammar(functions: list[Function], parallel: bool) -> str:
-    """GBNF: one tagged call (or several, when parallel) to one of these functions."""
-    schema = {"oneOf": [{"type": "object", "properties": {
+    """Grammar: one tagged call (or several, when parallel) to one of these functions, the
+    arguments held to the function's parameters schema."""
+    schema = {"anyOf": [{"type": "object", "properties": {
         "name": {"const": f.name}, "arguments": f.parameters},
         "required": ["name", "arguments"], "additionalProperties": False} for f in functions]}
+    call = f'"{OPEN}" call "{CLOSE}"'
+    lark = (f'start: {call}' + (f' ("\\n" {call})*' if parallel else "")
+            + f"\ncall: {json_value_lark(schema)}\n")
+    grammar = from_lark(lark)
     try:
-        body = schema_to_gbnf(schema)
+        check(grammar)
     except GrammarError as exc:
-        raise APIError(400, str(exc), "invalid_schema", "tools") from exc
-    body = re.sub(r"^root ::=", "call ::=", body, flags=re.MULTILINE)
-    more = f' ("\\n" "{OPEN}" call "{CLOSE}")*' if parallel else ""
-    return f'root ::= "{OPEN}" call "{CLOSE}"{more}\n{body}'
+        raise APIError(400, f"a function's parameters cannot be enforced: {exc}",
+                       "invalid_schema", "tools") from exc
+    return grammar
 
 
 # ---- prompt side ---------------------------------------------------------------------------------

@@ -1,26 +1,47 @@
-"""The schema engine's front door: schemas become GBNF or a 400 naming what is wrong, and which
-request fields are refused, ignored or served (no model loaded)."""
+"""The schema engine's front door: schemas become llguidance grammars or a 400 naming what is
+wrong, and which request fields are refused, ignored or served (no model loaded)."""
 import pytest
 
-from engine.grammar import GrammarError, schema_to_gbnf
+from engine.grammar import GrammarError, check, from_gbnf, from_json_schema
 from server.errors import APIError
 from server.fields import UNSUPPORTED_CHAT, check_fields
 from server.schemas import ChatCompletionRequest
 from server.structured import compile_schema
+from tests.grammar_bytes import accepts
 
 
 def chat(**extra):
     return ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "hi"}], **extra)
 
 
-def test_a_schema_with_properties_compiles_to_a_grammar_with_a_root_rule():
-    gbnf = schema_to_gbnf({"type": "object", "properties": {"a": {"type": "integer"}}})
-    assert "root ::=" in gbnf
+def test_a_schema_with_properties_compiles_to_a_valid_grammar():
+    check(from_json_schema({"type": "object", "properties": {"a": {"type": "integer"}}}))
 
 
-def test_a_type_the_converter_does_not_know_is_a_grammar_error():
+def test_a_type_the_compiler_does_not_know_is_a_grammar_error():
+    with pytest.raises(GrammarError, match="frob"):
+        check(from_json_schema({"type": "frob"}))
+
+
+def test_json_output_has_one_layout_and_no_raw_control_characters():
+    g = from_json_schema({"type": "object", "properties": {"s": {"type": "string", "maxLength": 12}},
+                          "required": ["s"]})
+    assert accepts(g, '{"s": "a b"}')
+    assert not accepts(g, '{ "s" : "a b" }')          # json.dumps's layout only
+    assert not accepts(g, '{"s": "a\nb"}')            # a raw newline inside a string is not JSON
+    assert accepts(g, '{"s": "a\\nb"}')              # an escaped one is
+    assert not accepts(g, '{"s": "' + "x" * 13 + '"}')
+
+
+def test_numeric_bounds_are_held():
+    g = from_json_schema({"type": "integer", "minimum": 1, "maximum": 9})
+    assert accepts(g, "9") and not accepts(g, "10") and not accepts(g, "0")
+
+
+def test_gbnf_is_translated_and_a_broken_one_is_an_error():
+    check(from_gbnf('root ::= "yes" | "no"'))
     with pytest.raises(GrammarError):
-        schema_to_gbnf({"type": "frob"})
+        check(from_gbnf("root ::= (("))
 
 
 def test_an_invalid_schema_is_a_400_naming_the_param():
@@ -61,11 +82,19 @@ def test_a_neutral_value_of_an_unsupported_field_is_accepted():
     check_fields(chat(logprobs=False, best_of=None), UNSUPPORTED_CHAT)
 
 
-def test_a_keyword_the_grammar_cannot_enforce_is_a_400_naming_it_and_where():
-    schema = {"type": "object", "properties": {"n": {"type": "integer", "maximum": 9}}}
+@pytest.mark.parametrize("keyword", [{"uniqueItems": True}, {"contains": {"type": "string"}},
+                                     {"not": {"type": "null"}}])
+def test_a_keyword_the_grammar_cannot_enforce_is_a_400_naming_it(keyword):
+    schema = {"type": "object", "properties": {"n": {"type": "array", **keyword}}}
     with pytest.raises(APIError) as exc:
         compile_schema(schema, "json_schema")
-    assert "'maximum' at #/properties/n" in exc.value.message
+    assert exc.value.param == "json_schema" and next(iter(keyword)) in exc.value.message
+
+
+def test_numeric_bounds_and_patterns_are_enforced_not_refused():
+    compile_schema({"type": "object", "properties": {
+        "n": {"type": "integer", "minimum": 1, "maximum": 9},
+        "s": {"type": "string", "pattern": "^[a-z]+$"}}}, "json_schema")
 
 
 def test_a_property_named_like_a_keyword_is_not_mistaken_for_one():

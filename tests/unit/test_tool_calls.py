@@ -4,6 +4,7 @@ import json
 import pytest
 
 from server.errors import APIError
+from tests.grammar_bytes import accepts
 from server.tools import calls_grammar, parse_tool_calls, parse_tools, render_messages
 
 WEATHER = {"type": "function", "function": {"name": "weather", "description": "Weather in a city",
@@ -55,9 +56,20 @@ def test_tools_without_a_choice_mean_auto_and_no_grammar():
     assert use.choice == "auto" and use.grammar() is None
 
 
-def test_required_constrains_to_a_tagged_call():
-    gbnf = parse_tools([WEATHER], "required", False).grammar()
-    assert gbnf.startswith('root ::= "<tool_call>" call "</tool_call>"\n')
+def test_required_constrains_to_one_tagged_call_with_valid_arguments():
+    g = parse_tools([WEATHER], "required", False).grammar()
+    assert accepts(g, '<tool_call>{"name": "weather", "arguments": {"city": "Oslo"}}</tool_call>')
+    assert not accepts(g, 'Sure! <tool_call>{"name": "weather", "arguments": {"city": "Oslo"}}'
+                          '</tool_call>')
+    assert not accepts(g, '<tool_call>{"name": "weather", "arguments": {"town": "Oslo"}}</tool_call>')
+    assert not accepts(g, '<tool_call>{"name": "weather", "arguments": {"city": "Oslo"}}</tool_call>'
+                          '\n<tool_call>{"name": "weather", "arguments": {"city": "Rome"}}</tool_call>')
+
+
+def test_parallel_calls_may_follow_one_another():
+    g = parse_tools([WEATHER], "required", True).grammar()
+    assert accepts(g, '<tool_call>{"name": "weather", "arguments": {"city": "Oslo"}}</tool_call>'
+                      '\n<tool_call>{"name": "weather", "arguments": {"city": "Rome"}}</tool_call>')
 
 
 def test_tools_go_into_the_system_message_and_results_become_user_turns():
@@ -76,3 +88,5 @@ def test_tools_go_into_the_system_message_and_results_become_user_turns():
 def test_calls_grammar_names_every_allowed_function():
     fns = parse_tools([WEATHER], "required", None).functions
     assert "weather" in calls_grammar(fns, parallel=True)
+    assert not accepts(calls_grammar(fns, parallel=True),
+                       '<tool_call>{"name": "other", "arguments": {"city": "Oslo"}}</tool_call>')
