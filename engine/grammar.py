@@ -12,7 +12,8 @@ only an end-of-generation token is allowed.
 
 JSON output is held to one layout: `{"a": 1, "b": [2, 3]}` (json.dumps's separators, no other
 whitespace), so a small model cannot wander off into whitespace; a schema may override it with
-llguidance's "x-guidance" key. Keywords llguidance cannot enforce make the grammar an error
+llguidance's "x-guidance" key. An object schema that lists `properties` admits no other keys
+unless it says so (`closed`). Keywords llguidance cannot enforce make the grammar an error
 (checked by `check`), never a silently looser constraint.
 """
 from __future__ import annotations
@@ -35,10 +36,33 @@ class GrammarError(ValueError):
     pass
 
 
+def closed(schema):
+    """The schema with `additionalProperties: false` wherever an object lists its `properties`
+    and says nothing about others (what llama.cpp's converter and OpenAI's strict mode do: a
+    small model otherwise invents extra keys until max_tokens, measured with instructor's
+    schemas). `{"type": "object"}` alone stays any object."""
+    if isinstance(schema, list):
+        return [closed(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {}
+    for key, value in schema.items():
+        if key in ("properties", "$defs", "definitions", "patternProperties"):
+            out[key] = {k: closed(v) for k, v in value.items()} if isinstance(value, dict) else value
+        elif key in ("items", "prefixItems", "anyOf", "oneOf", "allOf", "additionalProperties"):
+            out[key] = closed(value)
+        else:
+            out[key] = value
+    if isinstance(out.get("properties"), dict) and "additionalProperties" not in out:
+        out["additionalProperties"] = False
+    return out
+
+
 def from_json_schema(schema: dict) -> str:
     """The grammar of JSON documents valid under this schema (validity checked by `check`)."""
     try:
-        return llg.LLMatcher.grammar_from_json_schema(json.dumps(schema), defaults=JSON_LAYOUT)
+        return llg.LLMatcher.grammar_from_json_schema(json.dumps(closed(schema)),
+                                                      defaults=JSON_LAYOUT)
     except (ValueError, TypeError) as exc:
         raise GrammarError(f"the JSON schema cannot be compiled: {exc}") from exc
 

@@ -17,7 +17,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.grammar import GrammarError, check, from_lark, json_value_lark
+from engine.grammar import GrammarError, check, closed, from_lark, json_value_lark
 from server.errors import APIError
 from server.structured import compile_schema
 
@@ -108,7 +108,7 @@ def calls_grammar(functions: list[Function], parallel: bool) -> str:
         "required": ["name", "arguments"], "additionalProperties": False} for f in functions]}
     call = f'"{OPEN}" call "{CLOSE}"'
     lark = (f'start: {call}' + (f' ("\\n" {call})*' if parallel else "")
-            + f"\ncall: {json_value_lark(schema)}\n")
+            + f"\ncall: {json_value_lark(closed(schema))}\n")
     grammar = from_lark(lark)
     try:
         check(grammar)

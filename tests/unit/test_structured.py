@@ -33,6 +33,15 @@ def test_json_output_has_one_layout_and_no_raw_control_characters():
     assert not accepts(g, '{"s": "' + "x" * 13 + '"}')
 
 
+def test_an_object_with_properties_admits_no_other_keys_unless_it_says_so():
+    props = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    assert not accepts(from_json_schema(props), '{"a": 1, "b": 2}')
+    assert accepts(from_json_schema({**props, "additionalProperties": True}), '{"a": 1, "b": 2}')
+    nested = {"type": "array", "items": props}
+    assert not accepts(from_json_schema(nested), '[{"a": 1, "b": 2}]')
+    assert accepts(from_json_schema({"type": "object"}), '{"b": 2}')
+
+
 def test_numeric_bounds_are_held():
     g = from_json_schema({"type": "integer", "minimum": 1, "maximum": 9})
     assert accepts(g, "9") and not accepts(g, "10") and not accepts(g, "0")
