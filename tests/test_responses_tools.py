@@ -107,6 +107,17 @@ def test_a_history_with_a_function_call_and_its_output_is_answered(client, model
     assert resp.output and resp.usage.output_tokens > 0
 
 
+def test_a_returned_call_item_is_accepted_back_as_input(client, model_name):
+    question = {"role": "user", "content": WEATHER_Q}
+    call = respond(client, model_name, input=[question], tools=[WEATHER],
+                   tool_choice="required", parallel_tool_calls=False).output[0]
+    history = [question, call, {"type": "function_call_output", "call_id": call.call_id,
+                                "output": "sunny, 21 C"}]
+    resp = respond(client, model_name, max_output_tokens=8, tools=[WEATHER], input=history)
+    alone = respond(client, model_name, max_output_tokens=8, tools=[WEATHER], input=[question])
+    assert resp.output and resp.usage.input_tokens > alone.usage.input_tokens
+
+
 @pytest.mark.parametrize("kw,param", [
     ({"tool_choice": {"type": "function", "name": "nope"}}, "tool_choice"),
     ({"tools": [WEATHER, {"type": "web_search"}]}, "tools[1].type"),
