@@ -120,12 +120,10 @@ def _text(content: Any, where: str, parts: set[str]) -> str:
     return "".join(texts)
 
 
-def _string(item: dict, key: str, where: str) -> str:
+def _string(item: dict, key: str, where: str, what: str = "a non-empty string") -> str:
     value = item.get(key)
-    if not isinstance(value, str) or (key != "arguments" and not value):
-        raise APIError(400, f"{where}.{key} must be a non-empty string"
-                       if key != "arguments" else f"{where}.arguments must be a string (JSON)",
-                       "invalid_value", f"{where}.{key}")
+    if not isinstance(value, str) or (not value and key != "arguments"):
+        raise APIError(400, f"{where}.{key} must be {what}", "invalid_value", f"{where}.{key}")
     return value
 
 
@@ -144,7 +142,7 @@ def _add_call(messages: list[dict], item: dict, i: int) -> None:
     where = f"input[{i}]"
     call = {"id": _string(item, "call_id", where), "type": "function",
             "function": {"name": _string(item, "name", where),
-                         "arguments": _string(item, "arguments", where)}}
+                         "arguments": _string(item, "arguments", where, "a string (JSON)")}}
     last = messages[-1] if messages else None
     if last is None or last["role"] != "assistant":
         last = {"role": "assistant", "content": ""}
