@@ -1,13 +1,21 @@
 """POST /v1/responses: OpenAI's Responses API, stateless.
 
-`input` (a string, or a list of message items) and `instructions` become chat messages and go
-through the model's chat template; generation is the same service path as chat completions
-(service.submit / service.events). Streamed, the typed events follow OpenAI's order:
-response.created, response.in_progress, response.output_item.added,
-response.content_part.added, response.output_text.delta…, response.output_text.done,
-response.content_part.done, response.output_item.done, then response.completed (or
-response.incomplete when max_output_tokens ended it). Nothing is stored: `store: true`,
-`previous_response_id`, `background`, tools and non-text `text.format` are 400s.
+`input` (a string, or a list of items: messages, `function_call`s and `function_call_output`s)
+and `instructions` become chat messages and go through the model's chat template, tools and
+calls rendered as chat renders them (server/tools.py); generation is the same service path as
+chat completions (service.submit / service.events). `text.format` (`json_object`,
+`json_schema`) constrains the output with the grammar chat's `response_format` uses
+(server/structured.py); function `tools` and `tool_choice` work as in chat, in the Responses
+shapes, and each call comes back as a `function_call` output item.
+
+Streamed, the typed events follow OpenAI's order: response.created, response.in_progress, then
+per output item response.output_item.added, (a message) response.content_part.added,
+response.output_text.delta…, response.output_text.done, response.content_part.done, (a call)
+response.function_call_arguments.delta, response.function_call_arguments.done, and
+response.output_item.done; then response.completed (or response.incomplete when
+max_output_tokens ended it). Without tools the text streams as it comes; with tools it is held
+to the end, as chat holds it, since only then can a call be told from text. Nothing is stored:
+`store: true`, `previous_response_id`, `background` and tools other than functions are 400s.
 """
 from __future__ import annotations
 
@@ -15,7 +23,7 @@ import json
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Iterator
 
 from fastapi import APIRouter, Request as HTTPRequest
 from pydantic import ConfigDict, Field
@@ -27,14 +35,16 @@ from server.errors import APIError, error_body
 from server.openapi import ERROR_RESPONSES, RESPONSES_STREAMED
 from server.schemas import INT32_MAX, Bool, Int, SamplingFields
 from server.service import Service, error_status
+from server.structured import text_format_grammar
+from server.tools import ToolCall, ToolUse, parse_tool_calls, parse_tools, render_messages
 
 router = APIRouter(prefix="/v1", responses=ERROR_RESPONSES)
 _TEXT_PARTS = {"input_text", "output_text", "text"}
 _CHAT_ONLY = ("response_format", "json_schema", "grammar")
-# Accepted and ignored: they label or route a request, or only matter with tools (refused).
+# Accepted and ignored: they label or route a request.
 _HARMLESS = frozenset({"user", "service_tier", "safety_identifier", "prompt_cache_key",
-                       "prompt_cache_retention", "truncation", "parallel_tool_calls",
-                       "tool_choice", "reasoning", "include"})
+                       "prompt_cache_retention", "truncation", "reasoning", "include"})
+_FORMAT_FIELDS = ("type", "name", "schema", "description", "strict")
 
 
 class ResponsesRequest(SamplingFields):
@@ -48,8 +58,15 @@ class ResponsesRequest(SamplingFields):
     previous_response_id: str | None = None
     background: Bool | None = None
     text: dict[str, Any] | None = None
-    tools: list[dict[str, Any]] | None = None
+    tools: list[Any] | None = None            # server/tools.py checks each one
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: Bool | None = None
     metadata: dict[str, Any] | None = None
+
+    @property
+    def format(self) -> Any:
+        """`text.format` as sent (None when absent)."""
+        return (self.text or {}).get("format")
 
 
 def reject_unsupported(body: ResponsesRequest) -> None:
@@ -60,9 +77,9 @@ def reject_unsupported(body: ResponsesRequest) -> None:
         if value not in (None, [], {}) and name not in _HARMLESS:
             raise unsupported(name, "this server does not implement it, and ignoring it could "
                               "change the answer")
-    for name in _CHAT_ONLY:   # SamplingFields' chat-only fields (structured output, part 1)
+    for name in _CHAT_ONLY:   # SamplingFields' chat-only fields
         if getattr(body, name, None) is not None:
-            raise unsupported(name, "structured output is not available on /v1/responses yet")
+            raise unsupported(name, "on /v1/responses, structured output is 'text.format'")
     if body.n != 1:
         raise unsupported("n", "one output per response")
     if body.store:
@@ -72,48 +89,136 @@ def reject_unsupported(body: ResponsesRequest) -> None:
                           "in 'input'")
     if body.background:
         raise unsupported("background", "responses are computed while the request is open")
-    if body.tools:
-        raise unsupported("tools", "tool calls are not available on /v1/responses yet")
-    fmt = (body.text or {}).get("format") or {"type": "text"}
-    if fmt.get("type") != "text":
-        raise unsupported("text.format", "only plain text output is available on /v1/responses")
 
 
-def _item_text(item: dict, i: int) -> str:
-    content = item.get("content")
+def constraints(body: ResponsesRequest, model) -> tuple[ToolUse, str | None]:
+    """The request's tools, and the grammar its text.format or tool_choice implies (400s naming
+    what is wrong, as chat's response_format and tools)."""
+    use = parse_tools(body.tools, body.tool_choice, body.parallel_tool_calls, responses=True)
+    fmt_grammar = text_format_grammar(body.format, model)
+    tool_grammar = use.grammar()
+    if fmt_grammar and tool_grammar:
+        raise APIError(400, "a tool_choice that forces a call cannot be combined with a "
+                       "text.format other than text", "invalid_value", "tool_choice")
+    return use, fmt_grammar or tool_grammar
+
+
+# ---- input ---------------------------------------------------------------------------------------
+def _text(content: Any, where: str, parts: set[str]) -> str:
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
-        raise APIError(400, f"input[{i}].content must be a string or a list of text parts",
-                       "invalid_value", f"input[{i}].content")
+        raise APIError(400, f"{where} must be a string or a list of text parts", "invalid_value",
+                       where)
     texts = []
     for j, part in enumerate(content):
-        if not isinstance(part, dict) or part.get("type") not in _TEXT_PARTS \
+        if not isinstance(part, dict) or part.get("type") not in parts \
                 or not isinstance(part.get("text"), str):
             raise APIError(400, "only text content parts are supported", "unsupported_parameter",
-                           f"input[{i}].content[{j}]")
+                           f"{where}[{j}]")
         texts.append(part["text"])
     return "".join(texts)
 
 
+def _string(item: dict, key: str, where: str, what: str = "a non-empty string") -> str:
+    value = item.get(key)
+    if not isinstance(value, str) or (not value and key != "arguments"):
+        raise APIError(400, f"{where}.{key} must be {what}", "invalid_value", f"{where}.{key}")
+    return value
+
+
+def _message(item: dict, i: int) -> dict:
+    role = item.get("role")
+    if role not in ("user", "assistant", "system", "developer"):
+        raise APIError(400, f"input[{i}].role must be user, assistant, system or developer",
+                       "invalid_value", f"input[{i}].role")
+    return {"role": "system" if role == "developer" else role,
+            "content": _text(item.get("content"), f"input[{i}].content", _TEXT_PARTS)}
+
+
+def _add_call(messages: list[dict], item: dict, i: int) -> None:
+    """A function_call item as chat's assistant `tool_calls`: calls in a row, and the assistant
+    text just before them, are one assistant turn."""
+    where = f"input[{i}]"
+    call = {"id": _string(item, "call_id", where), "type": "function",
+            "function": {"name": _string(item, "name", where),
+                         "arguments": _string(item, "arguments", where, "a string (JSON)")}}
+    last = messages[-1] if messages else None
+    if last is None or last["role"] != "assistant":
+        last = {"role": "assistant", "content": ""}
+        messages.append(last)
+    last.setdefault("tool_calls", []).append(call)
+
+
+def _call_output(item: dict, i: int) -> dict:
+    """A function_call_output item as chat's `tool` message."""
+    where = f"input[{i}]"
+    return {"role": "tool", "tool_call_id": _string(item, "call_id", where),
+            "content": _text(item.get("output"), f"{where}.output", {"input_text", "text"})}
+
+
 def to_messages(body: ResponsesRequest) -> list[dict]:
-    """Chat messages from `instructions` and `input` (developer messages become system ones)."""
+    """Chat messages from `instructions` and `input` (developer messages become system ones;
+    function calls and their outputs become assistant `tool_calls` and `tool` messages)."""
     messages = [{"role": "system", "content": body.instructions}] if body.instructions else []
     if isinstance(body.input, str):
         return messages + [{"role": "user", "content": body.input}]
     for i, item in enumerate(body.input):
-        if item.get("type", "message") != "message":
-            raise APIError(400, f"input items of type '{item.get('type')}' are not supported",
+        kind = item.get("type", "message")
+        if kind == "message":
+            messages.append(_message(item, i))
+        elif kind == "function_call":
+            _add_call(messages, item, i)
+        elif kind == "function_call_output":
+            messages.append(_call_output(item, i))
+        else:
+            raise APIError(400, f"input items of type '{kind}' are not supported",
                            "unsupported_parameter", f"input[{i}]")
-        role = item.get("role")
-        if role not in ("user", "assistant", "system", "developer"):
-            raise APIError(400, f"input[{i}].role must be user, assistant, system or developer",
-                           "invalid_value", f"input[{i}].role")
-        messages.append({"role": "system" if role == "developer" else role,
-                         "content": _item_text(item, i)})
     if not messages:
         raise APIError(400, "input has no messages", "invalid_value", "input")
     return messages
+
+
+# ---- output --------------------------------------------------------------------------------------
+def message_item(item_id: str, text: str | None) -> dict:
+    """An assistant message item: in progress (no content yet) while `text` is None."""
+    done = text is not None
+    return {"type": "message", "id": item_id, "role": "assistant",
+            "status": "completed" if done else "in_progress",
+            "content": [text_part(text)] if done else []}
+
+
+def text_part(text: str) -> dict:
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+
+
+def call_item(call: ToolCall, done: bool = True) -> dict:
+    """A function_call item; its id ("fc_…") is derived from the call's id ("call_…")."""
+    return {"type": "function_call", "id": "fc_" + call.id.removeprefix("call_"),
+            "call_id": call.id, "name": call.name, "arguments": call.arguments if done else "",
+            "status": "completed" if done else "in_progress"}
+
+
+def output_items(text: str, use: ToolUse, message_id: str) -> list[dict]:
+    """The output items of a finished answer: its text as a message (unless it is only calls),
+    then one function_call item per call (calls are parsed only when tools are active)."""
+    calls: list[ToolCall] = []
+    if use.active:
+        text, calls = parse_tool_calls(text)
+    items = [message_item(message_id, text)] if text or not calls else []
+    return items + [call_item(c) for c in calls]
+
+
+def echo_format(fmt: Any) -> dict:
+    if not isinstance(fmt, dict) or fmt.get("type") not in ("json_object", "json_schema"):
+        return {"type": "text"}
+    return {k: fmt[k] for k in _FORMAT_FIELDS if k in fmt}
+
+
+def echo_tool_choice(use: ToolUse) -> str | dict:
+    if use.choice in ("none", "auto", "required"):
+        return use.choice
+    return {"type": "function", "name": use.choice}
 
 
 @dataclass
@@ -122,20 +227,18 @@ class ResponseState:
     body: ResponsesRequest
     model: str
     req: Request
+    use: ToolUse
     id: str = field(default_factory=lambda: "resp_" + uuid.uuid4().hex)
     item_id: str = field(default_factory=lambda: "msg_" + uuid.uuid4().hex)
     created_at: int = field(default_factory=lambda: int(time.time()))
     text: str = ""
     finish: FinishReason | None = None
+    output: list[dict] | None = None   # the output items, once the answer is finished
     seq: int = 0
 
-    def part(self) -> dict:
-        return {"type": "output_text", "text": self.text, "annotations": [], "logprobs": []}
-
-    def item(self, done: bool) -> dict:
-        return {"type": "message", "id": self.item_id, "role": "assistant",
-                "status": "completed" if done else "in_progress",
-                "content": [self.part()] if done else []}
+    def finish_output(self) -> list[dict]:
+        self.output = output_items(self.text, self.use, self.item_id)
+        return self.output
 
     def status(self) -> str:
         if self.finish is None:
@@ -150,17 +253,18 @@ class ResponseState:
 
     def response(self) -> dict:
         b, status = self.body, self.status()
-        done = self.finish is not None
+        done = self.output is not None
         return {"id": self.id, "object": "response", "created_at": self.created_at,
                 "status": status, "error": None,
                 "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete"
                 else None,
                 "instructions": b.instructions, "max_output_tokens": b.max_output_tokens,
-                "model": self.model, "output": [self.item(True)] if done else [],
-                "parallel_tool_calls": False, "previous_response_id": None,
+                "model": self.model, "output": self.output or [],
+                "parallel_tool_calls": self.use.parallel, "previous_response_id": None,
                 "reasoning": {"effort": None, "summary": None}, "store": False,
                 "temperature": b.temperature, "top_p": b.top_p,
-                "text": {"format": {"type": "text"}}, "tool_choice": "none", "tools": [],
+                "text": {"format": echo_format(b.format)},
+                "tool_choice": echo_tool_choice(self.use), "tools": b.tools or [],
                 "truncation": "disabled", "usage": self.usage() if done else None,
                 "user": None, "metadata": b.metadata or {}}
 
@@ -169,16 +273,57 @@ class ResponseState:
         self.seq += 1
         return {"event": kind, "data": json.dumps(data, ensure_ascii=False)}
 
+    # ---- the events of one output item ----------------------------------------------------
+    def message_opened(self, index: int) -> Iterator[dict]:
+        yield self.event("response.output_item.added", output_index=index,
+                         item=message_item(self.item_id, None))
+        yield self.event("response.content_part.added", **self._where(index), part=text_part(""))
+
+    def text_delta(self, index: int, text: str) -> dict:
+        return self.event("response.output_text.delta", **self._where(index), delta=text,
+                          logprobs=[])
+
+    def message_closed(self, index: int, item: dict) -> Iterator[dict]:
+        text = item["content"][0]["text"]
+        yield self.event("response.output_text.done", **self._where(index), text=text, logprobs=[])
+        yield self.event("response.content_part.done", **self._where(index), part=text_part(text))
+        yield self.event("response.output_item.done", output_index=index, item=item)
+
+    def call_events(self, index: int, item: dict) -> Iterator[dict]:
+        where = {"item_id": item["id"], "output_index": index}
+        yield self.event("response.output_item.added", output_index=index,
+                         item={**item, "arguments": "", "status": "in_progress"})
+        yield self.event("response.function_call_arguments.delta", **where,
+                         delta=item["arguments"])
+        yield self.event("response.function_call_arguments.done", **where,
+                         arguments=item["arguments"])
+        yield self.event("response.output_item.done", output_index=index, item=item)
+
+    def item_events(self, index: int, item: dict) -> Iterator[dict]:
+        """A finished item's whole life as events (what a held-back answer sends at its end)."""
+        if item["type"] == "function_call":
+            yield from self.call_events(index, item)
+            return
+        yield from self.message_opened(index)
+        if item["content"][0]["text"]:
+            yield self.text_delta(index, item["content"][0]["text"])
+        yield from self.message_closed(index, item)
+
+    def _where(self, index: int) -> dict:
+        return {"item_id": self.item_id, "output_index": index, "content_index": 0}
+
 
 @router.post("/responses", responses=RESPONSES_STREAMED)
 async def create_response(body: ResponsesRequest, http: HTTPRequest):
     reject_unsupported(body)
     svc: Service = http.app.state.service
     lm = svc.get(body.model)
+    use, grammar = constraints(body, lm.model)
     max_tokens = body.max_output_tokens or body.max_tokens
-    prompt = await svc.chat_prompt(lm, to_messages(body), max_tokens, http)
-    worker, req = svc.submit(lm, prompt, body, max_tokens)
-    state = ResponseState(body, lm.name, req)
+    messages = render_messages(to_messages(body), use)
+    prompt = await svc.chat_prompt(lm, messages, max_tokens, http)
+    worker, req = svc.submit(lm, prompt, body, max_tokens, grammar)
+    state = ResponseState(body, lm.name, req, use)
     if body.stream:
         return EventSourceResponse(_stream(svc, worker, state, http), ping=15, sep="\n")
     async for event in svc.events(worker, req, http, poll_disconnect=True):
@@ -189,17 +334,20 @@ async def create_response(body: ResponsesRequest, http: HTTPRequest):
         state.finish = event.finish_reason or state.finish
     if state.finish is None:   # the client went away
         raise APIError(499, "client disconnected", "client_disconnected")
+    state.finish_output()
     return state.response()
 
 
 async def _stream(svc: Service, worker: Worker, s: ResponseState,
                   http: HTTPRequest) -> AsyncIterator[dict]:
-    where = {"item_id": s.item_id, "output_index": 0, "content_index": 0}
+    """Without tools the message streams as it comes; with tools the text is held back and the
+    items (a message, function calls) go out whole at the end."""
+    live = not s.use.active
     yield s.event("response.created", response=s.response())
     yield s.event("response.in_progress", response=s.response())
-    yield s.event("response.output_item.added", output_index=0, item=s.item(False))
-    yield s.event("response.content_part.added", **where,
-                  part={"type": "output_text", "text": "", "annotations": [], "logprobs": []})
+    if live:
+        for e in s.message_opened(0):
+            yield e
     async for event in svc.events(worker, s.req, http):
         if event.error:   # the final event: an engine error, or a drain ended the response
             status, code = error_status(event)
@@ -209,10 +357,16 @@ async def _stream(svc: Service, worker: Worker, s: ResponseState,
             return
         if event.text:
             s.text += event.text
-            yield s.event("response.output_text.delta", **where, delta=event.text, logprobs=[])
+            if live:
+                yield s.text_delta(0, event.text)
         s.finish = event.finish_reason or s.finish
-    yield s.event("response.output_text.done", **where, text=s.text, logprobs=[])
-    yield s.event("response.content_part.done", **where, part=s.part())
-    yield s.event("response.output_item.done", output_index=0, item=s.item(True))
+    items = s.finish_output()
+    if live:
+        for e in s.message_closed(0, items[0]):
+            yield e
+    else:
+        for index, item in enumerate(items):
+            for e in s.item_events(index, item):
+                yield e
     final = "response.completed" if s.status() == "completed" else "response.incomplete"
     yield s.event(final, response=s.response())

@@ -2,11 +2,13 @@
 wrong.
 
 Sources (at most one per request): OpenAI's `response_format` (`json_object`, `json_schema`),
-llama-server's top-level `json_schema` and `grammar` (GBNF). JSON schemas are checked with
-`jsonschema` (a schema that is not a valid schema is a 400) and compiled by llguidance, which
-refuses keywords it cannot enforce (`uniqueItems`, `not`, `if`, `contains`, ...) instead of
-dropping them; the grammar is then validated against the model's vocabulary here, so a request
-that reaches the engine always has a grammar the engine accepts (engine/grammar.py).
+llama-server's top-level `json_schema` and `grammar` (GBNF); on /v1/responses, `text.format`
+(`text_format_grammar`: the same formats, the schema's fields directly in `format`). JSON schemas
+are checked with `jsonschema` (a schema that is not a valid schema is a 400) and compiled by
+llguidance, which refuses keywords it cannot enforce (`uniqueItems`, `not`, `if`, `contains`,
+...) instead of dropping them; the grammar is then validated against the model's vocabulary
+here, so a request that reaches the engine always has a grammar the engine accepts
+(engine/grammar.py).
 """
 from __future__ import annotations
 
@@ -19,9 +21,12 @@ from server.errors import APIError
 from server.schemas import SamplingFields
 
 
+_CODES = {"grammar": "invalid_grammar", "response_format": "invalid_value",
+          "text.format": "invalid_value", "text.format.name": "invalid_value"}
+
+
 def bad(param: str, message: str) -> APIError:
-    code = {"grammar": "invalid_grammar", "response_format": "invalid_value"}.get(param, "invalid_schema")
-    return APIError(400, message, code, param)
+    return APIError(400, message, _CODES.get(param, "invalid_schema"), param)
 
 
 def grammar_for(body: SamplingFields, model) -> str | None:
@@ -40,9 +45,35 @@ def grammar_for(body: SamplingFields, model) -> str | None:
             grammar = compile_schema(body.json_schema, "json_schema")
         else:
             grammar = _response_format(body.response_format)
-        check(grammar, tokenizer_for(model))
     except GrammarError as exc:
         raise bad(name, str(exc)) from exc
+    return _checked(model, grammar, name)
+
+
+def text_format_grammar(fmt: Any, model) -> str | None:
+    """The grammar for /v1/responses' `text.format`, or None for plain text. The Responses shape:
+    `{"type": "json_schema", "name", "schema", "strict", "description"}`, no nested object."""
+    kind = fmt.get("type") if isinstance(fmt, dict) else None
+    if fmt is None or kind == "text":
+        return None
+    if kind == "json_object":
+        return _checked(model, compile_schema({"type": "object"}, "text.format"), "text.format")
+    if kind != "json_schema":
+        raise bad("text.format", "text.format.type must be 'text', 'json_object' or "
+                                 f"'json_schema', not {kind!r}")
+    if not isinstance(fmt.get("name"), str) or not fmt["name"]:
+        raise bad("text.format.name", "text.format of type 'json_schema' needs a 'name'")
+    if "schema" not in fmt:
+        raise bad("text.format.schema", "text.format of type 'json_schema' needs a 'schema'")
+    return _checked(model, compile_schema(fmt["schema"], "text.format.schema"), "text.format")
+
+
+def _checked(model, grammar: str, param: str) -> str:
+    """The grammar, once validated against the model's vocabulary (a 400 naming `param`)."""
+    try:
+        check(grammar, tokenizer_for(model))
+    except GrammarError as exc:
+        raise bad(param, str(exc)) from exc
     return grammar
 
 

@@ -62,10 +62,15 @@ class ToolUse:
         return calls_grammar(allowed, self.parallel)
 
 
-def parse_tools(tools: list | None, tool_choice: Any, parallel: bool | None) -> ToolUse:
-    functions = [_function(i, t) for i, t in enumerate(tools or [])]
+def parse_tools(tools: list | None, tool_choice: Any, parallel: bool | None,
+                responses: bool = False) -> ToolUse:
+    """A request's tools and tool_choice, checked: chat's shape (`{"type": "function",
+    "function": {...}}`), or with `responses` the Responses API's flat one (`{"type":
+    "function", "name", "parameters", ...}`, tool_choice `{"type": "function", "name"}`)."""
+    functions = [(_flat_function if responses else _function)(i, t)
+                 for i, t in enumerate(tools or [])]
     names = {f.name for f in functions}
-    choice = _choice(tool_choice, names)
+    choice = _choice(tool_choice, names, responses)
     if choice != "none" and not functions and tool_choice is not None:
         raise APIError(400, "tool_choice needs tools", "invalid_value", "tool_choice")
     return ToolUse(functions, choice, parallel is not False)
@@ -76,24 +81,43 @@ def _function(i: int, tool: Any) -> Function:
     if not isinstance(tool, dict) or tool.get("type") != "function":
         raise APIError(400, f"{where}: only tools of type 'function' are supported",
                        "unsupported_parameter", where)
-    fn = tool.get("function")
+    return _named(tool.get("function"), f"{where}.function")
+
+
+def _flat_function(i: int, tool: Any) -> Function:
+    where = f"tools[{i}]"
+    if not isinstance(tool, dict):
+        raise APIError(400, f"{where} must be an object", "invalid_value", where)
+    if tool.get("type") != "function":
+        raise APIError(400, f"{where}: tools of type {tool.get('type')!r} are not supported "
+                       "(only 'function')", "unsupported_parameter", f"{where}.type")
+    return _named(tool, where)
+
+
+def _named(fn: Any, where: str) -> Function:
     if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
-        raise APIError(400, f"{where}.function needs a 'name'", "invalid_value", f"{where}.function")
+        raise APIError(400, f"{where} needs a 'name'", "invalid_value", where)
     params = fn.get("parameters") or {"type": "object", "properties": {}}
-    compile_schema(params, f"{where}.function.parameters")   # a 400 naming it if it is invalid
+    compile_schema(params, f"{where}.parameters")   # a 400 naming it if it is invalid
     return Function(fn["name"], fn.get("description") or "", params)
 
 
-def _choice(tool_choice: Any, names: set[str]) -> str:
+def _choice(tool_choice: Any, names: set[str], responses: bool = False) -> str:
     if tool_choice is None:
         return "auto" if names else "none"
     if tool_choice in ("none", "auto", "required"):
         return tool_choice
-    name = (tool_choice.get("function") or {}).get("name") if isinstance(tool_choice, dict) else None
+    name = None
+    if isinstance(tool_choice, dict):
+        if responses and tool_choice.get("type") != "function":   # allowed_tools, hosted tools
+            raise APIError(400, f"tool_choice of type {tool_choice.get('type')!r} is not "
+                           "supported", "unsupported_parameter", "tool_choice")
+        name = tool_choice.get("name") if responses else (tool_choice.get("function") or {}).get("name")
     if not isinstance(name, str):
-        raise APIError(400, "tool_choice must be 'none', 'auto', 'required' or "
-                       '{"type": "function", "function": {"name": ...}}', "invalid_value",
-                       "tool_choice")
+        shape = '{"type": "function", "name": ...}' if responses else \
+            '{"type": "function", "function": {"name": ...}}'
+        raise APIError(400, f"tool_choice must be 'none', 'auto', 'required' or {shape}",
+                       "invalid_value", "tool_choice")
     if name not in names:
         raise APIError(400, f"tool_choice names the function '{name}', which is not in tools",
                        "invalid_value", "tool_choice")
