@@ -62,7 +62,7 @@ def test_streamed_json_object_output_parses(client, model_name):
 def test_a_schema_the_grammar_cannot_enforce_is_a_400_naming_text_format(client, model_name):
     with pytest.raises(openai.BadRequestError) as exc:
         respond(client, model_name, text={"format": {"type": "json_schema", "name": "n",
-                                                     "schema": {"type": "integer", "minimum": 1}}})
+                                                     "schema": {"type": "array", "uniqueItems": True}}})
     assert exc.value.body["param"] == "text.format.schema"
 
 
