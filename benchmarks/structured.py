@@ -149,6 +149,13 @@ async def main(args) -> None:
         res, t = await run_all(url, [body(model, i, s, 128, 0.8) for i, s in enumerate(schemas)], 16)
         ok = sum(validates(r, s) for r, s in zip(res, schemas))
         cut = sum(r["choices"][0]["finish_reason"] == "length" for r in res)
+        cut_by = [sum(r["choices"][0]["finish_reason"] == "length"
+                      for r, s in zip(res, schemas) if s is sch) for sch in SCHEMAS]
+        if cut:
+            print("  cut by max_tokens, per schema:", cut_by)
+            longest = max((r for r in res if r["choices"][0]["finish_reason"] == "length"),
+                          key=lambda r: r["usage"]["completion_tokens"])
+            print("  e.g.:", repr(longest["choices"][0]["message"]["content"])[:160])
         for r, s in zip(res, schemas):
             if not validates(r, s) and r["choices"][0]["finish_reason"] != "length":
                 print("  failed:", json.dumps(s)[:80], "->", repr(r["choices"][0]["message"]["content"])[:120])
