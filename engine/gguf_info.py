@@ -37,3 +37,8 @@ def gguf_facts(path: str | Path) -> dict:
         "bits_per_weight": round(path.stat().st_size * 8 / n_params, 2) if n_params else None,
         "chat_template": _field(reader, "tokenizer.chat_template") is not None,
     }
+
+
+def gguf_chat_template(path: str | Path) -> str | None:
+    """The chat template stored in the file (the one llama.cpp hands the server)."""
+    return _field(gguf.GGUFReader(str(path)), "tokenizer.chat_template")
