@@ -35,7 +35,8 @@ class DetokenizeRequest(Body):
 
 def model_object(lm: LoadedModel) -> dict:
     return {"id": lm.name, "object": "model", "created": lm.created, "owned_by": "pagedllama",
-            "max_model_len": lm.max_seq_len, "contexts": len(lm.workers), "gguf": lm.facts}
+            "max_model_len": lm.max_seq_len, "contexts": len(lm.workers),
+            "tool_format": lm.tool_format, "gguf": lm.facts}
 
 
 def pick_model(http: HTTPRequest, name: str | None) -> LoadedModel:

@@ -19,7 +19,7 @@ from server.openai_format import Kind, OpenAIFormat, sse, usage
 from server.schemas import (ChatCompletionRequest, CompletionRequest, SamplingFields,
                             UnsupportedContent)
 from server.structured import grammar_for
-from server.tools import parse_tools, render_messages
+from server.tools import parse_tools
 from server.service import Generation, LoadedModel, Service, error_status
 
 router = APIRouter(prefix="/v1", responses=ERROR_RESPONSES)
@@ -56,8 +56,8 @@ async def chat_completions(body: ChatCompletionRequest, http: HTTPRequest):
         raise APIError(400, "continue_final_message needs add_generation_prompt: false",
                        "invalid_value", "continue_final_message")
     max_tokens = body.max_completion_tokens or body.max_tokens
-    prompt = await svc.chat_prompt(lm, render_messages(messages, use), max_tokens, http,
-                                   body.add_generation_prompt, body.continue_final_message)
+    prompt = await svc.chat_prompt(lm, messages, max_tokens, http, body.add_generation_prompt,
+                                   body.continue_final_message, use)
     gen = svc.generate(lm, [prompt], body, max_tokens, http, grammar or use.grammar())
     return await _respond(svc, gen, _format("chat", lm, body, tools=use.active))
 

@@ -36,7 +36,7 @@ from server.openapi import ERROR_RESPONSES, RESPONSES_STREAMED
 from server.schemas import INT32_MAX, Bool, Int, SamplingFields
 from server.service import Service, error_status
 from server.structured import text_format_grammar
-from server.tools import ToolCall, ToolUse, parse_tool_calls, parse_tools, render_messages
+from server.tools import ToolCall, ToolUse, parse_tool_calls, parse_tools
 
 router = APIRouter(prefix="/v1", responses=ERROR_RESPONSES)
 _TEXT_PARTS = {"input_text", "output_text", "text"}
@@ -320,8 +320,7 @@ async def create_response(body: ResponsesRequest, http: HTTPRequest):
     lm = svc.get(body.model)
     use, grammar = constraints(body, lm.model)
     max_tokens = body.max_output_tokens or body.max_tokens
-    messages = render_messages(to_messages(body), use)
-    prompt = await svc.chat_prompt(lm, messages, max_tokens, http)
+    prompt = await svc.chat_prompt(lm, to_messages(body), max_tokens, http, use=use)
     worker, req = svc.submit(lm, prompt, body, max_tokens, grammar)
     state = ResponseState(body, lm.name, req, use)
     if body.stream:

@@ -22,6 +22,7 @@ from server.config import ModelSpec, Settings
 from server.errors import APIError
 from server.prompts import PromptPool, TokenBound
 from server.schemas import SamplingFields
+from server.tools import ToolUse, prompt_input
 
 log = logging.getLogger("pagedllama.request")
 SHUTDOWN = FinishReason.ABORT   # with an error: the request a drain ended (engine errors: ERROR)
@@ -48,6 +49,14 @@ class LoadedModel:
     @property
     def max_seq_len(self) -> int:
         return min(w.max_seq_len for w in self.workers)
+
+    @property
+    def tool_format(self) -> str | None:
+        """How tools reach the prompt (server/tools.py): "template" when the chat template
+        renders them itself, "fallback" when they are described in the system message."""
+        if self.template is None:
+            return None
+        return "template" if self.template.knows_tools else "fallback"
 
     @property
     def capacity(self) -> int:
@@ -140,6 +149,8 @@ class Service:
                      "%s KV", spec.name, spec.path, spec.contexts, spec.engine.n_threads,
                      spec.engine.n_ctx, spec.engine.max_seqs,
                      "unified" if spec.engine.kv_unified else "split")
+            log.info("%s: tool_format %s", spec.name,   # server/tools.py
+                     self.models[spec.name].tool_format or "none (no chat template)")
 
     def stop(self) -> None:
         self.pool.close()
@@ -168,15 +179,20 @@ class Service:
     # refused without tokenizing when the token bound shows it cannot fit.
     async def chat_prompt(self, lm: LoadedModel, messages: list[dict], max_tokens: int | None,
                           http: HTTPRequest, add_generation_prompt: bool = True,
-                          continue_final_message: bool = False) -> list[int]:
+                          continue_final_message: bool = False,
+                          use: ToolUse | None = None) -> list[int]:
+        """`use`: the request's tools, rendered as the model's tool_format says."""
         if lm.template is None:
             raise APIError(400, f"The model '{lm.name}' has no chat template in its GGUF file; "
                            "use /v1/completions with a plain prompt", "no_chat_template")
+        tools = None
+        if use is not None:
+            messages, tools = prompt_input(messages, use, lm.template.knows_tools)
         if len(messages) >= lm.max_seq_len:   # every message renders to a token at least
             raise _too_long(lm.max_seq_len, len(messages), max_tokens, "messages")
-        cost = _text_size(messages) + 32 * len(messages)
+        cost = _text_size([messages, tools]) + 32 * len(messages)
         return await self.prepare(lm, cost, http, lambda: self._render_and_tokenize(
-            lm, messages, max_tokens, add_generation_prompt, continue_final_message))
+            lm, messages, max_tokens, add_generation_prompt, continue_final_message, tools))
 
     async def text_prompt(self, lm: LoadedModel, text: str, max_tokens: int | None,
                           http: HTTPRequest) -> list[int]:
@@ -184,10 +200,12 @@ class Service:
         return await self.prepare(lm, len(text), http, lambda: lm.model.tokenize(text, True))
 
     def _render_and_tokenize(self, lm: LoadedModel, messages: list[dict], max_tokens: int | None,
-                             add_generation_prompt: bool, continue_final_message: bool) -> list[int]:
+                             add_generation_prompt: bool, continue_final_message: bool,
+                             tools: list[dict] | None = None) -> list[int]:
         """On a prompt-pool thread."""
         try:
-            text = lm.template.render(messages, add_generation_prompt, continue_final_message)
+            text = lm.template.render(messages, add_generation_prompt, continue_final_message,
+                                      tools)
         except ChatTemplateError as exc:
             raise APIError(400, str(exc), "chat_template_error", "messages") from exc
         self._check_bound(lm, text, max_tokens, "messages")

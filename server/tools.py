@@ -1,13 +1,16 @@
-"""Tool calls through a documented fallback format (for chat templates that do not render tools,
-SmolLM2's among them).
+"""Tool calls: rendered by the model's chat template when it knows tools, else through a
+documented fallback format (SmolLM2's template, among others, knows none).
 
-The tools are described in the system message; the model calls one by answering
-`<tool_call>{"name": "NAME", "arguments": {...}}</tool_call>` (several such blocks for parallel
-calls), and `parse_tool_calls` reads them back. `tool_choice` "required" or a named function
-constrains the whole answer with a grammar built from the functions' parameter schemas, so the
-arguments always parse and validate; "auto" leaves the model free and parses what it wrote;
-"none" does not describe the tools. History: an assistant message's `tool_calls` are rendered in
-the same tagged format, a `tool` message as a user turn wrapped in `<tool_response>`.
+Either way the model calls a function by answering `<tool_call>{"name": "NAME", "arguments":
+{...}}</tool_call>` (several such blocks for parallel calls), and `parse_tool_calls` reads them
+back. A template that knows tools (engine/chat.py `ChatTemplate.knows_tools`: it reads `tools`
+and writes `<tool_call>`, as Hermes and Qwen2.5 templates do) gets them as its `tools` variable
+in OpenAI's shape, and the history as it is (assistant `tool_calls` with their arguments parsed,
+`tool` messages). The fallback describes the tools in the system message, renders an
+assistant's `tool_calls` in the tagged format and a `tool` message as a user turn wrapped in
+`<tool_response>`. `tool_choice` "required" or a named function constrains the whole answer
+with a grammar built from the functions' parameter schemas, so the arguments always parse and
+validate; "auto" leaves the model free and parses what it wrote; "none" does not show the tools.
 """
 from __future__ import annotations
 
@@ -130,7 +133,7 @@ def calls_grammar(functions: list[Function], parallel: bool) -> str:
     schema = {"anyOf": [{"type": "object", "properties": {
         "name": {"const": f.name}, "arguments": f.parameters},
         "required": ["name", "arguments"], "additionalProperties": False} for f in functions]}
-    call = f'"{OPEN}" call "{CLOSE}"'
+    call = f'"{OPEN}" "\\n"? call "\\n"? "{CLOSE}"'   # Hermes-style templates put newlines there
     lark = (f'start: {call}' + (f' ("\\n" {call})*' if parallel else "")
             + f"\ncall: {json_value_lark(closed(schema))}\n")
     grammar = from_lark(lark)
@@ -151,6 +154,43 @@ def system_text(use: ToolUse) -> str:
     lines.append(f'To call a function, answer with {OPEN}{{"name": "NAME", "arguments": '
                  f'{{...}}}}{CLOSE}' + (" (one block per call)" if use.parallel else "") + ".")
     return "\n".join(lines)
+
+
+def prompt_input(messages: list[dict], use: ToolUse,
+                 native: bool) -> tuple[list[dict], list[dict] | None]:
+    """The messages and the chat template's `tools`: `native` (the template knows tools) passes
+    the tools and the history to the template, else the fallback renders them as text."""
+    if not native:
+        return render_messages(messages, use), None
+    tools = [{"type": "function", "function": {"name": f.name, "description": f.description,
+                                               "parameters": f.parameters}}
+             for f in use.functions] if use.active else None
+    return [_native(m) for m in messages], tools
+
+
+def _native(m: dict) -> dict:
+    """An assistant's calls with their arguments parsed: templates write `arguments | tojson`."""
+    calls = m.get("tool_calls")
+    if m["role"] != "assistant" or not isinstance(calls, list):
+        return m
+    return {**m, "tool_calls": [_parsed(c) for c in calls]}
+
+
+def _parsed(call: Any) -> Any:
+    fn = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(fn, dict):
+        return call
+    return {**call, "function": {**fn, "arguments": _arguments(fn.get("arguments"))}}
+
+
+def _arguments(text: Any) -> Any:
+    """JSON text parsed; anything else (text that is not JSON, an object already) as it is."""
+    if not isinstance(text, str):
+        return {} if text is None else text
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
 
 
 def render_messages(messages: list[dict], use: ToolUse) -> list[dict]:
