@@ -153,6 +153,10 @@ def test_a_history_with_calls_and_tool_results_is_accepted(client, model_name):
     assert resp.choices[0].finish_reason in ("stop", "length", "tool_calls")
 
 
+def test_smollm2s_template_does_not_know_tools_so_the_fallback_renders_them(client, model_name):
+    assert client.models.retrieve(model_name).model_extra["tool_format"] == "fallback"
+
+
 def test_tool_choice_naming_an_unknown_function_is_a_400(client, model_name):
     with pytest.raises(openai.BadRequestError) as exc:
         client.chat.completions.create(model=model_name, messages=WEATHER_Q, max_tokens=4,
