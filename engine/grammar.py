@@ -21,6 +21,7 @@ from __future__ import annotations
 import ctypes
 import json
 import threading
+import weakref
 
 import llama_cpp as C
 import llguidance as llg
@@ -92,26 +93,20 @@ def check(grammar: str, tokenizer=None) -> None:
         raise GrammarError(messages[0] if messages else "the grammar is invalid")
 
 
-_tokenizers: dict[int, object] = {}
+_tokenizers: "weakref.WeakKeyDictionary[object, llg.LLTokenizer]" = weakref.WeakKeyDictionary()
 _lock = threading.Lock()
 
 
 def tokenizer_for(model) -> llg.LLTokenizer:
     """llguidance's view of a model's vocabulary, built once per model (~0.5 s for SmolLM2),
-    on the first constrained request. End of generation: every EOG token of the model."""
-    key = id(model)
+    on the first constrained request, and dropped with the model. End of generation: every EOG
+    token of the model."""
     with _lock:
-        tok = _tokenizers.get(key)
-        if tok is None or tok[0] is not model:
-            tok = (model, lltokenizer_from_vocab(model.vocab, n_vocab=model.n_vocab,
-                                                 eos_token=sorted(model.eog_ids)))
-            _tokenizers[key] = tok
-        return tok[1]
-
-
-def forget(model) -> None:
-    with _lock:
-        _tokenizers.pop(id(model), None)
+        tok = _tokenizers.get(model)
+        if tok is None:
+            tok = _tokenizers[model] = lltokenizer_from_vocab(
+                model.vocab, n_vocab=model.n_vocab, eos_token=sorted(model.eog_ids))
+        return tok
 
 
 class Grammar:

@@ -240,8 +240,8 @@ class Service:
     def generate(self, lm: LoadedModel, prompts: list[list[int]], body: SamplingFields,
                  max_tokens: int | None, http: HTTPRequest, grammar: str | None = None) -> Generation:
         """Validate and submit one request (body.n choices of each prompt; choice j of prompt i
-        has index i * n + j); the stable entry point for every API surface. `grammar` (GBNF,
-        see server/structured.py) constrains the output token by token."""
+        has index i * n + j); the stable entry point for every API surface. `grammar` (an
+        llguidance grammar, see server/structured.py) constrains the output token by token."""
         parts: list[Part] = []
         try:
             for i, prompt in enumerate(prompts):
@@ -265,8 +265,7 @@ class Service:
         logprobs (when asked). Raises APIError 500 on an engine error, 503 when a drain ended
         it, and 499 if the client went away."""
         n = len(gen.parts[0][1].group)
-        out = {r.index: Collected("", None, [], r.index, gen.prompt_logprobs(r.index, n))
-               for _, req in gen.parts for r in req.group}
+        out = {r.index: Collected("", None, [], r.index) for _, req in gen.parts for r in req.group}
         texts: dict[int, list[str]] = {i: [] for i in out}
         async for event in self.group_events(gen.parts, gen.http, poll_disconnect=True):
             if event.error:   # 500 engine_error, or 503 when a drain ended it
