@@ -402,8 +402,11 @@ class Worker:
     def _deliver(self, events: list[Delivery]) -> None:
         if not events:
             return
-        loop = events[0][0].loop
-        loop.call_soon_threadsafe(_put_all, events)
+        try:
+            events[0][0].loop.call_soon_threadsafe(_put_all, events)
+        except RuntimeError:   # the event loop is closed: nobody is left to read these events
+            log.debug("engine %s: %d events for a closed event loop dropped", self.name,
+                      len(events))
 
     # ---- publishing (worker thread -> event loop, by replacing immutable objects) ---------------
     def _publish(self) -> None:
