@@ -1,5 +1,15 @@
-"""Per-sequence sampling with llama.cpp sampler chains (greedy without penalties: numpy argmax);
-a grammar, when given, masks the logits before either (engine/grammar.py)."""
+"""Per-sequence sampling: greedy without penalties is numpy's argmax; temperature sampling
+without penalties is `draw` (numpy: top-k, top-p, min-p, temperature, one categorical draw);
+repetition/presence/frequency penalties need the token history and go through a llama.cpp
+sampler chain. A grammar, when given, masks the logits before any of them (engine/grammar.py).
+
+Why numpy and not llama.cpp's chain for plain sampling: the chain builds and scans a
+49,152-entry candidate array per token in scalar code. Measured here on SmolLM2's logits: 0.53 ms
+a token at temperature 1 (0.61 with top-p 0.95) against 0.09 ms for `draw` (0.29 with top-p;
+0.05-0.6 ms on synthetic peaked to flat distributions). The worker samples every running
+sequence between two decodes, so at 16 streams the chain took ~8 ms of every step. `draw`
+keeps the chain's order and meaning: top-k, then top-p and min-p on the probabilities at
+temperature 1, then temperature over what is left."""
 from __future__ import annotations
 
 import ctypes
@@ -39,18 +49,93 @@ class SamplingParams:
                 or self.frequency_penalty != 0.0)
 
 
+def draw(logits: np.ndarray, p: SamplingParams, rng: np.random.Generator) -> int:
+    """One token from these logits: top-k, then top-p and min-p on the probabilities at
+    temperature 1, then a draw at the request's temperature among the tokens left (llama.cpp's
+    chain order). Tokens at -inf (masked by a grammar) are never drawn."""
+    x, ids = logits, None
+    if 0 < p.top_k < x.size:
+        ids = np.argpartition(x, -p.top_k)[-p.top_k:]
+        x = x[ids]
+    top = x.max()
+    if p.top_p < 1.0 or p.min_p > 0.0:
+        w = np.exp(x - top)              # weights at temperature 1; the largest is 1
+        keep = _nucleus(w, top - x, p.top_p) if p.top_p < 1.0 else None
+        if p.min_p > 0.0:                # relative to the most likely token, which always stays
+            keep = np.flatnonzero(w >= p.min_p) if keep is None else keep[w[keep] >= p.min_p]
+        x = x[keep]
+        ids = keep if ids is None else ids[keep]
+    j = _categorical(np.exp((x - top) / p.temperature), rng.random())
+    return int(j if ids is None else ids[j])
+
+
+def _nucleus(w: np.ndarray, depth: np.ndarray, top_p: float, buckets: int = 512,
+             span: float = 40.0) -> np.ndarray:
+    """Indices of the most likely tokens whose weights first reach top_p of the total (at least
+    one); `depth` is -log(w). Without sorting the vocabulary: unless a few hundred tokens above
+    1/100 of the most likely reach it, tokens go into buckets by depth (one pass), the buckets'
+    masses say in which bucket the total reaches top_p, every token of the buckets above it is
+    in, and only that bucket's tokens are sorted (llama.cpp's top-p does the like)."""
+    need = top_p * float(w.sum(dtype=np.float64))
+    likely = np.flatnonzero(w >= 1e-2)
+    if likely.size <= 512 and float(w[likely].sum(dtype=np.float64)) >= need:
+        order = likely[np.argsort(-w[likely], kind="stable")]
+        return order[:_reach(w[order], need)]
+    rank = np.minimum(depth * (buckets / span), buckets - 1).astype(np.int32)
+    mass = np.cumsum(np.bincount(rank, weights=w, minlength=buckets))
+    k = min(int(np.searchsorted(mass, need)), buckets - 1)
+    edge = np.flatnonzero(rank == k)
+    edge = edge[np.argsort(-w[edge], kind="stable")]
+    got = float(mass[k - 1]) if k else 0.0
+    return np.concatenate([np.flatnonzero(rank < k), edge[:_reach(w[edge], need - got)]])
+
+
+def _reach(w_sorted: np.ndarray, need: float) -> int:
+    """How many of these weights (largest first) it takes for their sum to reach need (all of
+    them at most; at least one)."""
+    cum = np.cumsum(w_sorted, dtype=np.float64)
+    return max(1, min(int(np.searchsorted(cum, need)) + 1, w_sorted.size))
+
+
+def _categorical(w: np.ndarray, u: float, block: int = 256) -> int:
+    """The index where a uniform draw u (in [0, 1)) falls on the weights' cumulative sum. In two
+    levels (sums of blocks, then one block) because numpy's cumsum is scalar: a whole-vocabulary
+    cumsum costs 0.5 ms, this 0.05 ms."""
+    n = w.size
+    full = n // block * block
+    sums = w[:full].reshape(-1, block).sum(axis=1, dtype=np.float64)
+    if full < n:
+        sums = np.append(sums, w[full:].sum(dtype=np.float64))
+    outer = np.cumsum(sums)
+    target = u * outer[-1]
+    b = min(int(np.searchsorted(outer, target, side="right")), outer.size - 1)
+    seg = w[b * block:(b + 1) * block]
+    j = int(np.searchsorted(np.cumsum(seg, dtype=np.float64),
+                            target - (outer[b - 1] if b else 0.0), side="right"))
+    if j >= seg.size or seg[j] == 0:   # rounding at the very top: the last token with weight
+        b = int(np.flatnonzero(sums)[-1])
+        seg = w[b * block:(b + 1) * block]
+        j = int(np.flatnonzero(seg)[-1])
+    return b * block + j
+
+
 class Sampler:
     """`sample` returns a token id, or None when a grammar allows no token (a dead end)."""
 
     def __init__(self, params: SamplingParams, n_vocab: int, grammar_tokenizer=None):
         """`grammar_tokenizer`: engine.grammar.tokenizer_for(model), needed with a grammar."""
+        self.params = params
         self.greedy = params.temperature == 0 and not params.has_penalties
         self.chain = None
+        self.rng: np.random.Generator | None = None
         self.grammar = (Grammar(grammar_tokenizer, params.grammar, n_vocab) if params.grammar
                         else None)
         self.bias_ids = np.array(list(params.logit_bias), dtype=np.int64)
         self.bias = np.array(list(params.logit_bias.values()), dtype=np.float32)
         if self.greedy:
+            return
+        if not params.has_penalties:   # numpy's draw (see the module's docstring)
+            self.rng = np.random.default_rng(params.seed)
             return
         chain = C.llama_sampler_chain_init(C.llama_sampler_chain_default_params())
         if params.has_penalties:
@@ -78,6 +163,8 @@ class Sampler:
             return self._sample_constrained(context.logits(batch_index))
         if self.greedy:
             return int(context.logits(batch_index).argmax())
+        if self.rng is not None:
+            return draw(context.logits(batch_index), self.params, self.rng)
         return C.llama_sampler_sample(self.chain, context.ptr, batch_index)
 
     def _sample_constrained(self, logits) -> int | None:
@@ -93,6 +180,13 @@ class Sampler:
                 if g.mask(logits) is None:
                     return None
                 token = g.best()
+        elif self.rng is not None:
+            token = draw(logits, self.params, self.rng)
+            if not g.allows(token):
+                ok = g.allowed()
+                if g.matcher.is_error() or not ok.any():
+                    return None
+                token = draw(np.where(ok, logits, -np.inf), self.params, self.rng)
         else:
             token = self._draw(g.candidates(logits))
             if not g.allows(token):
