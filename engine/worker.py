@@ -45,7 +45,7 @@ class EngineConfig:
     max_seqs: int = 16
     n_threads: int = 2
     max_batch_tokens: int = 256
-    block_size: int = 16
+    block_size: int = 8               # also where a prefix-cache hit may end (plain attention)
     prefill_chunk: int = 16           # aligned prompt chunk size (see benchmarks.chunking)
     prefix_caching: bool = True
     kv_unified: bool = False
@@ -98,7 +98,10 @@ class Worker:
         self.manager = BlockManager(
             config.total_cells // config.block_size, block_size=config.block_size,
             num_seq_ids=config.n_seq_max, prefix_caching=config.prefix_caching,
-            prefill_chunk=config.prefill_chunk, share_cells=config.kv_unified)
+            prefill_chunk=config.prefill_chunk, share_cells=config.kv_unified,
+            # plain attention: any cut into pieces of 2+ tokens computes the same numbers, so a
+            # prefix hit may end on any block; flash attention: only on the prefill grid
+            reuse_grid=config.prefill_chunk if config.flash_attn else config.block_size)
         self.scheduler = Scheduler(
             self.manager, make_policy(config.scheduler), max_seqs=config.max_seqs,
             max_batch_tokens=config.max_batch_tokens, preemption=config.preemption,
@@ -177,7 +180,7 @@ class Worker:
             if h not in cached:
                 break
             n += 1
-        grid = self.config.prefill_chunk
+        grid = self.manager.reuse_grid
         return n * self.config.block_size // grid * grid
 
     # ---- worker thread ---------------------------------------------------------------------------

@@ -17,8 +17,11 @@ from the owner of the last matched block, which holds the whole chain): zero-cop
 KV cache, a stream copy with split KV (share_cells=False). With split KV a finished sequence
 moves its cached blocks to the highest free seq id, so running sequences keep low, contiguous
 ids (llama.cpp batches only consecutive seq ids of split streams into one ubatch). Reuse stops on
-a multiple of `prefill_chunk`, so that a cached prompt is computed in exactly the same pieces as a
-cold one.
+a multiple of `reuse_grid`: by default `prefill_chunk`, so that a cached prompt is computed in
+exactly the same pieces as a cold one; a block boundary where any cut of a prompt into pieces of
+2 or more tokens computes the same numbers (plain attention, see the worker), and the scheduler
+then keeps the rest of the prompt at 2 tokens or more unless a cold run computes its last token
+alone too.
 
 A live sequence's block table is one cached chain (each cached block's parent is the block before
 it) followed by uncached blocks. A block computed twice at once, or restored over its own cached
@@ -46,12 +49,14 @@ from kvcache.leaves import LeafQueue
 class BlockManager:
     def __init__(self, num_blocks: int, *, block_size: int = 16, num_seq_ids: int = 64,
                  prefix_caching: bool = True, prefill_chunk: int | None = None,
-                 share_cells: bool = True):
+                 share_cells: bool = True, reuse_grid: int | None = None):
         prefill_chunk = prefill_chunk or block_size
-        if prefill_chunk % block_size:
-            raise ValueError(f"prefill chunk {prefill_chunk} must be a multiple of block size "
-                             f"{block_size}")
+        reuse_grid = reuse_grid or prefill_chunk
+        if prefill_chunk % block_size or reuse_grid % block_size:
+            raise ValueError(f"prefill chunk {prefill_chunk} and reuse grid {reuse_grid} must be "
+                             f"multiples of block size {block_size}")
         self.block_size, self.prefill_chunk = block_size, prefill_chunk
+        self.reuse_grid = reuse_grid   # reuse ends on a multiple of this (see the docstring)
         self.prefix_caching = prefix_caching
         self.share_cells = share_cells
         self.blocks = [Block(i) for i in range(num_blocks)]
@@ -190,7 +195,7 @@ class BlockManager:
         another sequence computed since this one opened). Returns the number of tokens gained."""
         start = len(alloc.blocks)
         if (not self.prefix_caching or start * self.block_size != num_computed
-                or num_computed % self.prefill_chunk
+                or num_computed % self.reuse_grid
                 or (start and alloc.blocks[-1].hash is None)):   # the table's chain ended
             return 0
         hit = self._match(alloc.hashes, tokens, start, max_reuse)
@@ -325,7 +330,7 @@ class BlockManager:
     # ---- internals ----------------------------------------------------------------------------
     def _match(self, hashes: list[int], tokens: Sequence[int], start: int,
                max_reuse: int) -> list[Block]:
-        """Cached blocks for hashes[start:], cut so the reuse ends on a multiple of prefill_chunk
+        """Cached blocks for hashes[start:], cut so the reuse ends on a multiple of reuse_grid
         and is <= max_reuse."""
         if not self.prefix_caching:
             return []
@@ -335,8 +340,8 @@ class BlockManager:
             if block is None or block.tokens != tuple(tokens[i * bs:(i + 1) * bs]):
                 break
             hit.append(block)
-        chunk = self.prefill_chunk
-        end = min((start + len(hit)) * bs, max_reuse) // chunk * chunk
+        grid = self.reuse_grid
+        end = min((start + len(hit)) * bs, max_reuse) // grid * grid
         return hit[:max(0, end // bs - start)]
 
     def _share(self, alloc: SeqAlloc, hit: list[Block]) -> None:

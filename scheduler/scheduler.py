@@ -8,7 +8,9 @@ so far": a running sequence needs tokens[num_computed:], and a decode is just on
 Prompt chunks are aligned: with C = the manager's prefill_chunk, a step computes at most one chunk
 [kC, (k+1)C) of a sequence's tokens (or the tail), so the pieces a prompt is computed in never
 depend on what else runs, and prefix-cache reuse (which ends on a multiple of C) gives
-bit-identical results.
+bit-identical results. With merge_cells (plain attention, where any cut into pieces of 2+ tokens
+computes the same numbers) a piece may span cells while nothing decodes, and a hit may end on
+any block of the manager's reuse grid; _max_reuse keeps the 1-token-tail rule.
 
 n > 1 is one prefill and a fork: the choices after the first wait (pending forks, never admitted
 by themselves) while the first computes the prompt; when it has, `fork` starts each from a copy
@@ -165,7 +167,7 @@ class Scheduler:
             return False
         if not seq.is_decoding and not seq.prompt_logits:
             gained = self.manager.extend(seq.alloc, seq.tokens, seq.num_computed,
-                                         len(seq.tokens) - 1)
+                                         self._max_reuse(seq))
             seq.num_computed += gained
             seq.num_cached_tokens += gained
         start = seq.num_computed
@@ -192,6 +194,16 @@ class Scheduler:
         if limit == n and n % chunk != 1:
             return n
         return max(end, limit // chunk * chunk)
+
+    def _max_reuse(self, seq: Sequence) -> int:
+        """How many leading tokens may come from the prefix cache: all but the last, which must be
+        computed for its logits. When reuse may end off the prefill grid (merge_cells), all but
+        two, unless a cold run computes the last token alone as well (n % C == 1): a 1-token
+        piece computes other numbers than the same token inside a longer piece."""
+        n = len(seq.tokens)
+        if self.merge_cells and n % self.manager.prefill_chunk != 1:
+            return n - 2
+        return n - 1
 
     def _claims(self, seq: Sequence, start: int, end: int) -> list[int] | None:
         """Hashes of the full blocks in [start, end) this sequence would compute first, or None
@@ -277,7 +289,7 @@ class Scheduler:
             return True
         if seq.hashes is None:
             seq.hashes = self.manager.hashes(seq.tokens)
-        max_reuse = 0 if seq.prompt_logits else len(seq.tokens) - 1
+        max_reuse = 0 if seq.prompt_logits else self._max_reuse(seq)
         alloc = self.manager.open(seq.tokens, max_reuse, len(seq.tokens) + 1,
                                   hashes=seq.hashes, extra_blocks=promised)
         if alloc is None:

@@ -126,6 +126,26 @@ def test_greedy_outputs_are_identical_with_prefix_caching_on_and_off(model):
     assert answers[True] == answers[False]
 
 
+def test_prefix_hits_that_end_off_the_prefill_grid_give_the_cold_answers(model):
+    """Plain attention: a hit may end on any 8-token block, off the 32-token grid. Prompts that
+    are prefixes of a cached one (every length from 33 to 50, so the rest after the hit is 2..9
+    tokens and n % 32 runs through 1) must answer as they do with caching off."""
+    long = chat_prompt(model, "Tell me about the moon, the sea and the tides, briefly.")
+    prompts = [long[:n] for n in range(33, 51)]
+    answers = {}
+    for caching in (False, True):
+        worker = make_worker(model, prefix_caching=caching, block_size=8)
+        try:
+            run_all(worker, [long], max_tokens=2)     # the cache holds all of it when on
+            answers[caching] = [run_all(worker, [p], max_tokens=8)[0] for p in prompts]
+            if caching:
+                assert worker.manager.reuse_grid == 8
+                assert worker.manager.hit_tokens >= sum(len(p) - 9 for p in prompts)
+        finally:
+            worker.stop()
+    assert answers[True] == answers[False]
+
+
 def test_a_shared_prefix_in_flight_is_computed_once(model):
     worker = make_worker(model, prefill_chunk=32)
     try:
