@@ -132,16 +132,17 @@ class Grammar:
         a.data, a.size, a.selected, a.sorted = self.pointer, self.n_vocab, -1, False
         return a
 
-    def allowed(self) -> np.ndarray:
-        """Boolean per token: may it come next?"""
+    def allowed(self) -> np.ndarray | None:
+        """Boolean per token: may it come next? None when nothing may (a dead end or an error)."""
         b = self.bits
         self.matcher.unsafe_compute_mask_ptr(b.ctypes.data, b.nbytes)
-        return np.unpackbits(b.view(np.uint8), bitorder="little")[:self.n_vocab].view(bool)
+        ok = np.unpackbits(b.view(np.uint8), bitorder="little")[:self.n_vocab].view(bool)
+        return None if self.matcher.is_error() or not ok.any() else ok
 
     def mask(self, logits: np.ndarray) -> C.llama_token_data_array | None:
         """The candidates with disallowed tokens at -inf, or None when nothing is allowed."""
         ok = self.allowed()
-        if self.matcher.is_error() or not ok.any():
+        if ok is None:
             return None
         a = self.candidates(logits)
         self.data["logit"][~ok] = -np.inf

@@ -57,15 +57,15 @@ def draw(logits: np.ndarray, p: SamplingParams, rng: np.random.Generator) -> int
     if 0 < p.top_k < x.size:
         ids = np.argpartition(x, -p.top_k)[-p.top_k:]
         x = x[ids]
-    top = x.max()
+    depth = x.max() - x                  # -log of each token's weight at temperature 1
     if p.top_p < 1.0 or p.min_p > 0.0:
-        w = np.exp(x - top)              # weights at temperature 1; the largest is 1
-        keep = _nucleus(w, top - x, p.top_p) if p.top_p < 1.0 else None
+        w = np.exp(-depth)               # weights at temperature 1; the largest is 1
+        keep = _nucleus(w, depth, p.top_p) if p.top_p < 1.0 else None
         if p.min_p > 0.0:                # relative to the most likely token, which always stays
             keep = np.flatnonzero(w >= p.min_p) if keep is None else keep[w[keep] >= p.min_p]
-        x = x[keep]
+        depth = depth[keep]
         ids = keep if ids is None else ids[keep]
-    j = _categorical(np.exp((x - top) / p.temperature), rng.random())
+    j = _categorical(np.exp(depth / -p.temperature), rng.random())
     return int(j if ids is None else ids[j])
 
 
@@ -138,10 +138,9 @@ class Sampler:
             self.rng = np.random.default_rng(params.seed)
             return
         chain = C.llama_sampler_chain_init(C.llama_sampler_chain_default_params())
-        if params.has_penalties:
-            C.llama_sampler_chain_add(chain, C.llama_sampler_init_penalties(
-                n_vocab, params.penalty_last_n, params.repetition_penalty,
-                params.frequency_penalty, params.presence_penalty))
+        C.llama_sampler_chain_add(chain, C.llama_sampler_init_penalties(
+            n_vocab, params.penalty_last_n, params.repetition_penalty,
+            params.frequency_penalty, params.presence_penalty))
         if params.temperature == 0:
             C.llama_sampler_chain_add(chain, C.llama_sampler_init_greedy())
         else:
@@ -184,7 +183,7 @@ class Sampler:
             token = draw(logits, self.params, self.rng)
             if not g.allows(token):
                 ok = g.allowed()
-                if g.matcher.is_error() or not ok.any():
+                if ok is None:
                     return None
                 token = draw(np.where(ok, logits, -np.inf), self.params, self.rng)
         else:
