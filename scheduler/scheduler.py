@@ -10,7 +10,7 @@ Prompt chunks are aligned: with C = the manager's prefill_chunk, a step computes
 depend on what else runs, and prefix-cache reuse (which ends on a multiple of C) gives
 bit-identical results. With merge_cells (plain attention, where any cut into pieces of 2+ tokens
 computes the same numbers) a piece may span cells while nothing decodes, and a hit may end on
-any block of the manager's reuse grid; _max_reuse keeps the 1-token-tail rule.
+any block of the manager's reuse grid; _max_reuse keeps the 1-token-tail rule either way.
 
 n > 1 is one prefill and a fork: the choices after the first wait (pending forks, never admitted
 by themselves) while the first computes the prompt; when it has, `fork` starts each from a copy
@@ -196,14 +196,13 @@ class Scheduler:
         return max(end, limit // chunk * chunk)
 
     def _max_reuse(self, seq: Sequence) -> int:
-        """How many leading tokens may come from the prefix cache: all but the last, which must be
-        computed for its logits. When reuse may end off the prefill grid (merge_cells), all but
-        two, unless a cold run computes the last token alone as well (n % C == 1): a 1-token
-        piece computes other numbers than the same token inside a longer piece."""
+        """How many leading tokens may come from the prefix cache: all but two, unless a cold run
+        computes the last token alone (n % C == 1), then all but that one (it must be computed
+        for its logits). A 1-token piece computes other numbers than the same token inside a
+        longer piece, so a hit must not leave one where a cold run has none. (With reuse on the
+        prefill grid the two limits reuse the same blocks; off the grid only the first is exact.)"""
         n = len(seq.tokens)
-        if self.merge_cells and n % self.manager.prefill_chunk != 1:
-            return n - 2
-        return n - 1
+        return n - 1 if n % self.manager.prefill_chunk == 1 else n - 2
 
     def _claims(self, seq: Sequence, start: int, end: int) -> list[int] | None:
         """Hashes of the full blocks in [start, end) this sequence would compute first, or None
