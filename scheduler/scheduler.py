@@ -9,8 +9,17 @@ Prompt chunks are aligned: with C = the manager's prefill_chunk, a step computes
 [kC, (k+1)C) of a sequence's tokens (or the tail), so the pieces a prompt is computed in never
 depend on what else runs, and prefix-cache reuse (which ends on a multiple of C) gives
 bit-identical results. With merge_cells (plain attention, where any cut into pieces of 2+ tokens
-computes the same numbers) a piece may span cells while nothing decodes, and a hit may end on
-any block of the manager's reuse grid; _max_reuse keeps the 1-token-tail rule either way.
+computes the same numbers) a piece may span cells, and a hit may end on any block of the
+manager's reuse grid; _max_reuse keeps the 1-token-tail rule either way.
+
+How many prompt tokens a step takes (_prefill_allowance): while nothing decodes, the whole
+budget. While sequences decode, one chunk for every sequence that wants a prompt chunk, which is
+what "one cell per sequence per step" would give, so the decoding streams' steps are no longer;
+but with merge_cells those tokens go to the prompts in policy order, each taking as much of its
+own as it can, so the first prompts finish steps earlier instead of all finishing together in
+the last step. A sequence waiting on another's in-flight blocks gives its chunk to that one. A
+prompt that finished early keeps lending its chunk while the prompts that were still being
+computed then are: so the last of them finishes no later than with one cell each.
 
 n > 1 is one prefill and a fork: the choices after the first wait (pending forks, never admitted
 by themselves) while the first computes the prompt; when it has, `fork` starts each from a copy
@@ -53,10 +62,15 @@ class StepPlan:
     chunks: list[Chunk] = field(default_factory=list)
     ops: list[KVOp] = field(default_factory=list)
     preempted: list[Sequence] = field(default_factory=list)   # taken off the context this step
+    allowance: int | None = None   # prompt tokens this step may take (None: the budget decides)
 
     @property
     def num_tokens(self) -> int:
         return sum(c.end - c.start for c in self.chunks)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return sum(c.end - c.start for c in self.chunks if not c.seq.is_decoding)
 
 
 class Scheduler:
@@ -75,6 +89,7 @@ class Scheduler:
         self.running: list[Sequence] = []
         self.inflight: dict[int, Sequence] = {}   # block hash -> sequence computing it now
         self.expired: list[Sequence] = []         # ended by their deadline, to be reported
+        self.lending: dict[Sequence, set[Sequence]] = {}   # prompt done -> prompts it waits on
         self.num_preemptions = 0
 
     # ---- queue ----------------------------------------------------------------------------------
@@ -139,6 +154,7 @@ class Scheduler:
         for seq in [s for s in self.running if s.is_decoding]:
             if seq.status is Status.RUNNING:
                 self._plan(seq, 1, plan)
+        plan.allowance = self._prefill_allowance(plan)
         for seq in [s for s in self.running if not s.is_decoding]:
             if seq.status is Status.RUNNING:
                 self._plan_prefill(seq, plan)
@@ -148,21 +164,48 @@ class Scheduler:
 
     def advance(self, plan: StepPlan) -> None:
         """The plan's batch was decoded: move progress and register newly filled blocks."""
+        done = []
         for chunk in plan.chunks:
             seq = chunk.seq
+            if chunk.wants_logits and (chunk.end - chunk.start > 1 or chunk.start < seq.num_prompt):
+                done.append(seq)   # a prompt (or a preempted sequence's recompute) finished
             seq.num_computed = chunk.end
             self.manager.commit(seq.alloc, seq.tokens, seq.num_computed)
             for h in chunk.claims:
                 if self.inflight.get(h) is seq:
                     del self.inflight[h]
+        if self.merge_cells and done:
+            wanting = {s for s in self.running if not s.is_decoding}
+            for seq in done:
+                if wanting:
+                    self.lending[seq] = set(wanting)
 
     def preempt_one(self) -> None:
         """Preempt the policy's victim (llama_decode found no KV slot after all)."""
         if self.running:
             self._preempt(max(self.running, key=self.policy.key), StepPlan())
 
+    def _prefill_allowance(self, plan: StepPlan) -> int | None:
+        """Prompt tokens this step may take once its decode tokens are planned (module doc)."""
+        wanting = {s for s in self.running if not s.is_decoding}
+        for lender, waits_on in list(self.lending.items()):
+            waits_on &= wanting
+            if not waits_on or lender.status is not Status.RUNNING:
+                del self.lending[lender]
+        if not self.merge_cells or not plan.chunks:
+            return None   # one cell per sequence, or nothing decodes: only the budget limits
+        chunk = self.manager.prefill_chunk
+        free = self.max_seqs - self._slots_used()
+        admissible = min(max(free, 0), sum(1 for s in self.waiting if s.fork_of is None))
+        cells = sum(min((s.num_computed // chunk + 1) * chunk, len(s.tokens)) - s.num_computed
+                    for s in wanting)
+        lent = set(self.lending).union(*self.lending.values()) if self.lending else ()
+        return max(cells + admissible * chunk, len(lent) * chunk)
+
     def _plan_prefill(self, seq: Sequence, plan: StepPlan) -> bool:
         budget = self.max_batch_tokens - plan.num_tokens
+        if plan.allowance is not None:
+            budget = min(budget, plan.allowance - plan.num_prompt_tokens)
         if budget <= 0:
             return False
         if not seq.is_decoding and not seq.prompt_logits:
@@ -175,8 +218,7 @@ class Scheduler:
         end = min((start // chunk + 1) * chunk, len(seq.tokens))
         if end - start > budget:
             return False
-        if (self.merge_cells and not seq.prompt_logits
-                and not any(c.seq.is_decoding for c in plan.chunks)):
+        if self.merge_cells and not seq.prompt_logits:
             end = self._merged_end(seq, start, end, budget)
         claims = self._claims(seq, start, end)
         if claims is None:
@@ -184,11 +226,11 @@ class Scheduler:
         return self._plan(seq, end - start, plan, claims)
 
     def _merged_end(self, seq: Sequence, start: int, end: int, budget: int) -> int:
-        """Several grid cells of one prompt in one piece, while no sequence decodes (nobody
-        waits on this step). Exact only with plain attention: then any cut of a prompt into
-        pieces of 2 or more tokens computes the same numbers (../shared/FINDINGS.md), so a
-        piece may span cells as long as a 1-token tail stays a piece of its own, as it is on
-        the grid (a cache hit can leave exactly that token to compute)."""
+        """Several grid cells of one prompt in one piece, as far as the budget (and while
+        sequences decode, the allowance) reaches. Exact only with plain attention: then any cut
+        of a prompt into pieces of 2 or more tokens computes the same numbers
+        (../shared/FINDINGS.md), so a piece may span cells as long as a 1-token tail stays a
+        piece of its own, as it is on the grid (a cache hit can leave exactly that token)."""
         n, chunk = len(seq.tokens), self.manager.prefill_chunk
         limit = min(n, start + budget)
         if limit == n and n % chunk != 1:

@@ -184,17 +184,19 @@ def test_a_swapped_greedy_request_finishes_with_its_unpreempted_output(model):
             worker.stop()
 
 
-def test_a_prompt_prefilled_next_to_running_streams_gets_its_solo_answer(model):
+def test_prompts_prefilled_next_to_running_streams_get_their_solo_answers(model):
     """With split KV llama.cpp computes a batch in micro-batches that take the same number of
-    tokens from each sequence; a prompt prefilled while other streams decode must still get the
-    answer it gets alone. (Measured: a 16-token chunk computed as 1 + 15 tokens happens to give
-    the same logits, since every piece under 64 tokens takes the same kernels, so this guards
-    the answer, not the micro-batch shape; the grouping test below checks the shape.)"""
-    prompt = chat_prompt(model, "Describe a lighthouse at night.")
+    tokens from each sequence; prompts prefilled while other streams decode must still get the
+    answers they get alone. Two arrive together, so the first takes both their cells in one
+    piece of several cells (Scheduler: prompt tokens in policy order). (Measured: a 16-token
+    chunk computed as 1 + 15 tokens happens to give the same logits, so this guards the
+    answers, not the micro-batch shape; the grouping test below checks the shape.)"""
+    prompts = [chat_prompt(model, "Describe a lighthouse at night."),
+               chat_prompt(model, "Name three rivers in Europe and where they flow.")]
     for caching in (False, True):
         worker = make_worker(model, prefix_caching=caching, prefill_chunk=16)
         try:
-            alone = run_all(worker, [prompt], max_tokens=32)[0]
+            alone = [run_all(worker, [p], max_tokens=32)[0] for p in prompts]
             idle(worker)
 
             async def main():
@@ -203,14 +205,15 @@ def test_a_prompt_prefilled_next_to_running_streams_gets_its_solo_answer(model):
                            for q in QUESTIONS]
                 while sum(s.num_output > 0 for s in worker.scheduler.running) < len(QUESTIONS):
                     await asyncio.sleep(0.01)
-                busy = await generate(worker, prompt, max_tokens=32)
+                busy = await asyncio.gather(*(generate(worker, p, max_tokens=32)
+                                              for p in prompts))
                 assert all(not s.done() for s in streams), "the streams ran out too early"
                 for s in list(worker.scheduler.running):
                     worker.cancel(s.owner)
                 for s in streams:
                     s.cancel()
                 await asyncio.gather(*streams, return_exceptions=True)
-                return busy
+                return list(busy)
             assert asyncio.run(main()) == alone, caching
         finally:
             worker.stop()

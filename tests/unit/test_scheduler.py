@@ -463,3 +463,63 @@ def test_merged_cells_take_a_lone_prompt_in_one_piece_and_keep_a_one_token_tail_
     assert pieces(9) == [(0, 8), (8, 9)]                   # 9 = 2 cells + a 1-token tail
     assert pieces(30) == [(0, 24), (24, 30)]               # the budget, cut on the grid
     assert pieces(10, others=[seq(3, max_tokens=50)]) == [(0, 4), (4, 8), (8, 10)]   # a stream decodes
+
+
+def _prompt_pieces(sched, kv, prompts, streams=1):
+    """Start `streams` decoding streams, then add the prompts together; per step, the prompt
+    tokens planned, and per prompt the step its first token came in and the pieces it took."""
+    sched.merge_cells = True
+    for i in range(streams):
+        s = seq(3, max_tokens=500, base=900 + 10 * i)
+        sched.add(s)
+        while not s.is_decoding:
+            step(sched, kv)
+    for p in prompts:
+        sched.add(p)
+    per_step, first, cuts = [], {}, {id(p): [] for p in prompts}
+    for k in range(1, 40):
+        plan = step(sched, kv)
+        pieces = [c for c in plan.chunks if c.seq in prompts and c.start < c.seq.num_prompt]
+        per_step.append(sum(c.end - c.start for c in pieces))
+        for c in pieces:
+                cuts[id(c.seq)].append((c.start, c.end))
+        for p in prompts:
+            if p.num_output and id(p) not in first:
+                first[id(p)] = k
+        if len(first) == len(prompts):
+            break
+    return per_step, [first[id(p)] for p in prompts], [cuts[id(p)] for p in prompts]
+
+
+def test_while_streams_decode_prompts_take_their_cells_in_order_and_the_last_is_not_later():
+    """Beside a decoding stream, each step computes as many prompt tokens as one cell per
+    prompt gives (the stream's steps are no longer), but in policy order, several cells at once:
+    the first prompt finishes a step earlier, the last no later (the first lends its cell)."""
+    sched, kv = make(budget=24, blocks=128, max_seqs=4)
+    a, b = seq(12, base=100), seq(12, base=200)
+    per_step, first, cuts = _prompt_pieces(sched, kv, [a, b])
+    assert per_step == [8, 8, 8]                      # 2 cells of 4 a step, as one cell each
+    assert first == [2, 3]                            # one cell each: [3, 3]
+    assert cuts == [[(0, 8), (8, 12)], [(0, 4), (4, 12)]]
+
+
+def test_one_prompt_beside_streams_still_takes_one_cell_a_step():
+    """A long prompt arriving while streams decode gets one cell a step, as before: the
+    streams' steps stay short (the interference benchmark's largest gap)."""
+    sched, kv = make(budget=24, blocks=128, max_seqs=4)
+    p = seq(16, base=300)
+    per_step, first, cuts = _prompt_pieces(sched, kv, [p], streams=2)
+    assert per_step == [4, 4, 4, 4] and first == [4]
+
+
+def test_a_prompt_waiting_on_a_shared_prefix_lends_its_cell_to_the_one_computing_it():
+    """Two prompts with the same first 16 tokens beside a stream: the second waits for the
+    first's blocks (prefix cache) and gives its cell to it, so the shared part is computed at
+    two cells a step, and the second is served from the cache."""
+    sched, kv = make(budget=24, blocks=128, max_seqs=4)
+    shared = list(range(700, 716))
+    a = Sequence(shared + [1, 2, 3], 4)
+    b = Sequence(shared + [4, 5, 6], 4)
+    per_step, first, cuts = _prompt_pieces(sched, kv, [a, b])
+    assert cuts[0][:2] == [(0, 8), (8, 16)]
+    assert b.num_cached_tokens == 16 and first[0] <= 3
