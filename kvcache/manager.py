@@ -420,7 +420,26 @@ class BlockManager:
         while not self.free_seq_ids:
             if not (self.owned.keys() - self.live) or not self._evict_one():
                 return None
-        return heapq.heappop(self.free_seq_ids)
+        seq_id = heapq.heappop(self.free_seq_ids)
+        if self.share_cells:
+            return seq_id
+        gap = next(i for i in itertools.count() if i not in self.live)
+        if gap < seq_id and gap in self.owned:
+            # Split KV: the lowest id not live holds cached blocks (its sequence ended when no
+            # higher id was free). Move that holder to the free id and run the new sequence on
+            # the gap, so live ids stay contiguous: llama.cpp puts only consecutive seq ids of
+            # split streams in one micro-batch, and a decode step over ids {0, 1, 2, 30} is two
+            # graph computations (measured: 51 instead of 37 ms a step for 4 streams).
+            owned = [b for b in self.blocks if b.owner == gap and b.hash is not None]
+            if not owned:
+                return seq_id
+            heapq.heappush(self.free_seq_ids, seq_id)
+            self._move_holder(gap, seq_id, (max(b.index for b in owned) + 1) * self.block_size,
+                              owned)
+            self.free_seq_ids.remove(gap)
+            heapq.heapify(self.free_seq_ids)
+            return gap
+        return seq_id
 
     def _release_seq_id(self, seq_id: int, had_cells: bool = True) -> None:
         if had_cells:

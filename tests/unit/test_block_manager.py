@@ -358,6 +358,35 @@ def test_split_kv_holder_moves_to_the_highest_free_seq_id():
     assert manager.owned == {3: 2} and manager.open(tokens, 9, 11).seq_id == 0
 
 
+def test_split_kv_live_seq_ids_stay_contiguous_when_a_holder_sits_in_the_gap():
+    """Four seq ids, all taken (ids 0-2 live, 3 a holder): a sequence in the middle ends, its
+    holder stays on id 1 (no higher id is free). The next sequence must run on id 1 beside 0
+    and 2, not on the id eviction frees: the holder moves there, its prefix still hits."""
+    manager, kv = make(num_blocks=32, seq_ids=4, share_cells=False)
+    prompts = [[100 * k + i for i in range(10)] for k in range(4)]
+    allocs = []
+    for k in range(4):
+        alloc = manager.open(prompts[k], 9, 11)
+        compute(manager, kv, alloc, prompts[k], 0, 10)
+        allocs.append(alloc)
+    manager.free(allocs[3])                        # id 3 becomes a holder, ids 0-2 live
+    kv.apply(manager.take_ops())
+    manager.free(allocs[1])                        # id 1 ends; no free id above: stays a holder
+    kv.apply(manager.take_ops())
+    assert sorted(manager.live) == [0, 2] and set(manager.owned) >= {1, 3}
+    new = manager.open([7, 7, 7, 7, 7], 4, 6)      # no prefix hit; evicts a holder for an id
+    kv.apply(manager.take_ops())
+    assert new.seq_id == 1 and sorted(manager.live) == [0, 1, 2]
+    manager.check_invariants()
+    assert manager.owned[3] == 2 and kv.read(3) == [tuple(prompts[1][:p + 1]) for p in range(8)]
+    manager.free(new)
+    again = manager.open(prompts[1], 9, 11)        # the moved holder's blocks still hit
+    kv.apply(manager.take_ops())
+    assert again.seq_id == 1 and again.num_cached == 8
+    assert kv.read(1)[:8] == [tuple(prompts[1][:p + 1]) for p in range(8)]
+    manager.check_invariants()
+
+
 def test_split_kv_sequence_can_grow_into_every_block_counted_free():
     """B computes the head block A cached at the same time, and caches its next block below
     A's. Once A ends, everything counted free (the head included) must be B's to take."""
