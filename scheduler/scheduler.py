@@ -197,8 +197,7 @@ class Scheduler:
         chunk = self.manager.prefill_chunk
         free = self.max_seqs - self._slots_used()
         admissible = min(max(free, 0), sum(1 for s in self.waiting if s.fork_of is None))
-        cells = sum(min((s.num_computed // chunk + 1) * chunk, len(s.tokens)) - s.num_computed
-                    for s in wanting)
+        cells = sum(self._cell_end(s) - s.num_computed for s in wanting)
         lent = set(self.lending).union(*self.lending.values()) if self.lending else ()
         return max(cells + admissible * chunk, len(lent) * chunk)
 
@@ -214,8 +213,7 @@ class Scheduler:
             seq.num_computed += gained
             seq.num_cached_tokens += gained
         start = seq.num_computed
-        chunk = self.manager.prefill_chunk
-        end = min((start // chunk + 1) * chunk, len(seq.tokens))
+        end = self._cell_end(seq)
         if end - start > budget:
             return False
         if self.merge_cells and not seq.prompt_logits:
@@ -224,6 +222,11 @@ class Scheduler:
         if claims is None:
             return False
         return self._plan(seq, end - start, plan, claims)
+
+    def _cell_end(self, seq: Sequence) -> int:
+        """Where the grid cell a sequence's next prompt chunk starts in ends (or its tail)."""
+        chunk = self.manager.prefill_chunk
+        return min((seq.num_computed // chunk + 1) * chunk, len(seq.tokens))
 
     def _merged_end(self, seq: Sequence, start: int, end: int, budget: int) -> int:
         """Several grid cells of one prompt in one piece, as far as the budget (and while
