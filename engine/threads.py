@@ -17,7 +17,10 @@ clock): the cores left to this process are `cores - others`; a context may use
 `floor(left * share + margin)` threads (share: its part of the process's threads), at least 1,
 at most what it was configured with. Going down takes one window (a stall costs 100x, so react
 fast); going up takes `up_windows` windows in a row (so a neighbour that pauses briefly does not
-make us flap).
+make us flap). Only time in which the context computes counts: the worker pauses the governor
+when it goes idle, so CPU others use while we wait for requests (a benchmark client preparing the
+next one, another server answering its own) is no contention and does not cost the next request
+a prefill on fewer threads; the thread count is kept across the pause.
 """
 from __future__ import annotations
 
@@ -54,6 +57,8 @@ class ThreadGovernor:
         self.others = 0.0                   # cores others used in the last window
         self._last: CpuSample | None = None
         self._up_votes = 0
+        self._acc_time = 0.0                # busy time of the window so far (across pauses)
+        self._acc_others = 0                # others' ticks in that time
 
     def target(self, others: float) -> int:
         left = max(0.0, self.cores - others)
@@ -61,20 +66,33 @@ class ThreadGovernor:
 
     def due(self, now: float) -> bool:
         """Whether a new sample would complete a window (so /proc is read twice a second)."""
-        return self._last is None or now - self._last.time >= self.window
+        return self._last is None or now - self._last.time + self._acc_time >= self.window
 
     def observe(self, sample: CpuSample) -> ThreadChange | None:
-        """Feed a sample; returns a change when the thread count should change now."""
-        if self._last is None:
+        """Feed a sample taken while the context computes; returns a change when the thread
+        count should change now."""
+        if self._last is None:   # the start of a window, or the end of a pause
             self._last = sample
             return None
-        elapsed = sample.time - self._last.time
-        if elapsed < self.window:
+        self._add(sample)
+        if self._acc_time < self.window:
             return None
-        others_ticks = (sample.busy - self._last.busy) - (sample.own - self._last.own)
-        self._last = sample
-        self.others = max(0.0, others_ticks / (elapsed * self.hz))
+        self.others = max(0.0, self._acc_others / (self._acc_time * self.hz))
+        self._acc_time, self._acc_others = 0.0, 0
         return self._decide(self.target(self.others))
+
+    def pause(self, sample: CpuSample) -> None:
+        """The context goes idle: keep the busy part of the window, ignore what follows until
+        the next observe (which starts measuring again)."""
+        if self._last is not None:
+            self._add(sample)
+            self._last = None
+
+    def _add(self, sample: CpuSample) -> None:
+        last = self._last
+        self._acc_time += sample.time - last.time
+        self._acc_others += (sample.busy - last.busy) - (sample.own - last.own)
+        self._last = sample
 
     def _decide(self, target: int) -> ThreadChange | None:
         previous = self.threads

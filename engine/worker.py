@@ -7,7 +7,8 @@ produced logits and post-process its token in one place (append, stop checks, fi
 new text to each request's asyncio queue with one loop.call_soon_threadsafe per step. The HTTP
 event loop never calls llama.cpp, and reads only what the worker publishes (ContextStats, the
 set of cached block hashes), never the scheduler's or block manager's live structures.
-Between steps the thread governor may change the context's thread count (engine/threads.py).
+Between steps the thread governor may change the context's thread count (engine/threads.py);
+it is paused while the worker waits for requests.
 A request with a grammar samples through its mask (engine/grammar.py), greedy included; when the
 grammar allows no token the request finishes with "stop" and a warning. Logprobs are computed
 here, only for requests that ask, from the logits the sampler saw.
@@ -191,6 +192,7 @@ class Worker:
                 self._apply(self.manager.take_ops())   # frees of cancelled requests
                 if not self.scheduler.has_work():
                     self._publish()
+                    self._pause_governor()
                     self.wakeup.wait()
                     self.wakeup.clear()
                     continue
@@ -368,6 +370,11 @@ class Worker:
             self.thread_changes += 1
             log.info("engine %s: threads %d -> %d (%s)", self.name, change.previous,
                      change.threads, change.reason)
+
+    def _pause_governor(self) -> None:
+        """Going idle: what other processes do until the next request is no contention."""
+        if self.governor is not None:
+            self.governor.pause(self.meter.sample(time.monotonic()))
 
     def _groups(self, chunks: list) -> list[list]:
         """The step's batch in the shape llama.cpp computes it. With split KV, llama.cpp cuts a

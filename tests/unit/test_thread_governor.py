@@ -91,3 +91,36 @@ def test_the_meter_reads_this_process_and_its_cores():
     sum(i * i for i in range(200_000))   # some CPU time of our own
     b = meter.sample(1.0)
     assert meter.cpus and b.busy >= a.busy and b.own >= a.own
+
+
+def test_what_others_do_while_the_context_is_idle_is_not_contention():
+    # a benchmark client (or another server) busy on both cores between our requests: the
+    # next request must not start on fewer threads
+    gov = ThreadGovernor(configured=2, cores=2)
+    gov.observe(CpuSample(0.0, 0, 0))
+    assert gov.observe(CpuSample(0.5, 105, 100)) is None            # busy, others 0.1 core
+    gov.pause(CpuSample(0.75, 105 + 26, 100 + 25))                    # idle from here...
+    assert gov.observe(CpuSample(3.0, 131 + 450, 125)) is None        # ...others used 2 cores
+    assert gov.threads == 2 and gov.due(3.25)
+    assert gov.observe(CpuSample(3.25, 581 + 51, 125 + 50)) is None   # busy 0.25 + 0.25 s, quiet
+    assert gov.threads == 2 and gov.others == 0.04   # (1 + 1 ticks) / 0.5 s
+
+
+def test_busy_time_on_both_sides_of_a_pause_makes_one_window():
+    gov = ThreadGovernor(configured=2, cores=2)
+    gov.observe(CpuSample(0.0, 0, 0))
+    gov.pause(CpuSample(0.3, 60 + 30, 60))           # 0.3 s busy, a neighbour on 1 core
+    assert gov.threads == 2                          # 0.3 s is not a window yet
+    gov.observe(CpuSample(5.0, 500, 400))            # resume: a new start, the idle gap dropped
+    assert not gov.due(5.1) and gov.due(5.2)
+    change = gov.observe(CpuSample(5.2, 500 + 40 + 20, 400 + 40))   # 0.2 s more, same neighbour
+    assert change is not None and change.threads == 1
+    assert abs(gov.others - 1.0) < 0.01
+
+
+def test_the_thread_count_is_kept_across_a_pause():
+    gov = ThreadGovernor(configured=2, cores=2)
+    assert feed(gov, [1.0]) == [1]
+    gov.pause(CpuSample(0.6, 300, 200))
+    gov.observe(CpuSample(9.0, 300, 200))
+    assert gov.threads == 1
