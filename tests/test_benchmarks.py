@@ -112,6 +112,31 @@ def test_engine_ceiling_counts_every_token(tmp_path):
         assert r["prefill_tok_s"] > 0 and r["decode_tok_s"] > 0 and r["output_tok_s"] > 0
 
 
+def test_settings_runs_each_configuration_in_alternating_rounds(tmp_path):
+    out = tmp_path / "settings.json"
+    proc = bench("settings", "--set", "MAX_SEQS=4", "--set", "max_seqs=1,PREFILL_CHUNK=8",
+                 "--concurrency", "3", "--num-prompts", "5", "--input-len", "12",
+                 "--shared-head", "4", "--output-len", "4", "--rounds", "2",
+                 "--result-file", str(out))
+    results = json.loads(out.read_text())["results"]
+    assert [r["setting"] for r in results] == [{"MAX_SEQS": "4"},
+                                               {"MAX_SEQS": "1", "PREFILL_CHUNK": "8"}]
+    for r in results:
+        assert len(r["rounds"]) == 2
+        assert all(x["requests"] == 5 and x["output_tokens"] == 20 for x in r["rounds"])
+        assert r["output_tok_s"] > 0 and r["ttft_p50_ms"] > 0 and r["itl_p50_ms"] > 0
+    assert "MAX_SEQS=1,PREFILL_CHUNK=8" in proc.stdout and "vs first" in proc.stdout
+
+
+def test_settings_refuses_what_is_not_an_engine_setting():
+    from benchmarks.settings import engine_config, parse_args
+    config = engine_config({"MAX_SEQS": "10"})
+    assert (config.max_seqs, config.n_threads, config.adaptive_threads) == (10, 2, False)
+    for bad in ("MAX_SEQ=3", "MAX_SEQS", "API_KEY=x"):
+        with pytest.raises(SystemExit):
+            parse_args(["--set", bad])
+
+
 def test_interference_reports_gaps_and_long_prompt(server_url, tmp_path):
     out = tmp_path / "interference.json"
     bench("interference", "--base-url", server_url, "--streams", "2", "--long-len", "300",
