@@ -26,7 +26,7 @@ from unittest import mock
 
 from benchmarks.datasets import token_dataset
 from benchmarks.launch import DEFAULT_MODEL
-from benchmarks.metrics import write_result
+from benchmarks.metrics import stats_ms, write_result
 from engine.llama import Model
 from engine.request import Request
 from engine.sampling import SamplingParams
@@ -53,11 +53,11 @@ def engine_config(setting: dict[str, str]) -> EngineConfig:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PAGEDLLAMA_")}
     env.update({f"PAGEDLLAMA_{k}": v for k, v in {**DEFAULTS, **setting}.items()})
     read: set[str] = set()
+    env_reader = server_config._env
 
-    def recording_env(name: str, default: str) -> str:
+    def recording_env(name: str, default: str) -> str:   # which names engine_from_env reads
         read.add(name)
         return env_reader(name, default)
-    env_reader = server_config._env
     with mock.patch.dict(os.environ, env, clear=True), \
             mock.patch.object(server_config, "_env", recording_env):
         config = server_config.engine_from_env()
@@ -122,18 +122,14 @@ async def run_round(worker: Worker, prompts: list[list[int]], args) -> dict:
     start = time.monotonic()
     await asyncio.gather(*(lane() for _ in range(args.concurrency)))
     seconds = time.monotonic() - start
-    gaps = sorted(g for r in done for g in r["gaps"])
-    ttfts = sorted(r["ttft"] for r in done)
+    ttft = stats_ms([r["ttft"] for r in done], "ttft")
+    itl = stats_ms([r["itl"] for r in done], "itl")
+    gap = stats_ms([g for r in done for g in r["gaps"]], "gap")
     tokens = sum(r["tokens"] for r in done)
     return {"output_tok_s": tokens / seconds, "seconds": seconds, "output_tokens": tokens,
-            "requests": len(done),
-            "ttft_p50_ms": 1000 * statistics.median(ttfts), "ttft_p99_ms": 1000 * _pct(ttfts, 99),
-            "itl_p50_ms": 1000 * statistics.median(r["itl"] for r in done),
-            "gap_p99_ms": 1000 * _pct(gaps, 99) if gaps else 0.0}
-
-
-def _pct(sorted_values: list[float], q: float) -> float:
-    return sorted_values[min(len(sorted_values) - 1, int(len(sorted_values) * q / 100))]
+            "requests": len(done), "ttft_p50_ms": ttft["median_ttft_ms"],
+            "ttft_p99_ms": ttft["p99_ttft_ms"], "itl_p50_ms": itl["median_itl_ms"],
+            "gap_p99_ms": gap["p99_gap_ms"]}
 
 
 def prompts_for(args, n_vocab: int, round_no: int) -> list[list[int]]:
