@@ -234,3 +234,27 @@ def test_cluster_compares_cache_aware_and_round_robin_routing(tmp_path):
         assert 0 < run["prefix_hit_rate"] < 1
     assert r["runs"]["round_robin"][0]["requests_per_replica"] == [4, 4]
     assert "cache_aware / round_robin throughput" in proc.stdout
+
+
+def test_paired_alternates_slices_and_reports_ratios(server_url, tmp_path):
+    """One server as both A and B (tiny): every slice completes, each pair has a ratio."""
+    out = tmp_path / "paired.json"
+    proc = bench("paired", "--a", server_url, "--b", server_url, "--pairs", "3", "--slice", "2",
+                 "--concurrency", "2", "--input-len", "16", "--output-len", "4",
+                 "--result-file", str(out))
+    result = json.loads(out.read_text())
+    for who in ("A", "B"):
+        assert result[who]["output_tokens"] == [8, 8, 8] and result[who]["failed"] == 0
+        assert all(x > 0 for x in result[who]["tok_s"])
+    assert len(result["ratios"]) == 3 and result["median_ratio"] > 0
+    assert "A/B tok/s per pair" in proc.stdout
+
+
+def test_paired_order_and_settings():
+    from benchmarks.paired import parse_env, slice_order
+    assert slice_order(4) == [("A", "B"), ("B", "A"), ("A", "B"), ("B", "A")]
+    assert parse_env("PAGEDLLAMA_FLASH_ATTN=1, PAGEDLLAMA_MAX_SEQS=10") == {
+        "PAGEDLLAMA_FLASH_ATTN": "1", "PAGEDLLAMA_MAX_SEQS": "10"}
+    for bad in ("FLASH_ATTN=1", "PAGEDLLAMA_X"):
+        with pytest.raises(SystemExit):
+            parse_env(bad)

@@ -1,0 +1,160 @@
+"""Two servers measured side by side, interleaved in short slices.
+
+Both servers run at once (the one not being measured is idle: no CPU), and slices of the same
+closed-loop workload alternate A B, B A, A B, ... with the same prompts for both halves of a
+pair. Why: on the 2-core VMs these benchmarks run on, the machine itself slows down under
+sustained load (one decode stream: 117 tok/s in the first 5 s, ~85 after 20 s, partly back after
+a pause; README, "Measuring on these machines"), so back-to-back whole runs of one server and
+then the other compare the machine's state as much as the servers. Interleaving gives both the
+same drift; the ratio of each pair and their median is the figure to quote.
+
+    python -m benchmarks.paired                       # ours vs llama-server, 4 concurrent
+    python -m benchmarks.paired --a ours --a-env PAGEDLLAMA_FLASH_ATTN=1 --b ours
+    python -m benchmarks.paired --a http://127.0.0.1:8000 --b http://127.0.0.1:8080
+
+A and B are each `ours` (started with --a-env / --b-env settings), `llama-server` (the binary
+benchmarks.compare finds) or the URL of a server already running on this machine. The workload
+is benchmarks.serve's: random chat prompts of ~--input-len tokens, --output-len tokens out
+(ignore_eos), --concurrency at a time, --slice requests a slice.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+from contextlib import ExitStack
+
+from benchmarks import datasets as ds
+from benchmarks.client import check_loopback, first_model
+from benchmarks.launch import DEFAULT_MODEL, find_peer_bin, launched, llama_server, our_server
+from benchmarks.metrics import write_result
+from benchmarks.serve import run_workload
+
+ENDPOINT = "/v1/chat/completions"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--a", default="ours", help="ours, llama-server or a loopback URL")
+    p.add_argument("--b", default="llama-server", help="ours, llama-server or a loopback URL")
+    p.add_argument("--a-env", default="", help="PAGEDLLAMA_* settings for A: K=V,K=V")
+    p.add_argument("--b-env", default="", help="PAGEDLLAMA_* settings for B: K=V,K=V")
+    p.add_argument("--model", default=str(DEFAULT_MODEL))
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--parallel", type=int, default=16, help="llama-server -np")
+    p.add_argument("--concurrency", type=int, default=4)
+    p.add_argument("--slice", type=int, default=12, help="requests in one slice")
+    p.add_argument("--pairs", type=int, default=6)
+    p.add_argument("--input-len", type=int, default=64)
+    p.add_argument("--output-len", type=int, default=64)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--result-file", default=None)
+    return p.parse_args(argv)
+
+
+def parse_env(text: str) -> dict[str, str]:
+    env = {}
+    for item in filter(None, (s.strip() for s in text.split(","))):
+        name, sep, value = item.partition("=")
+        if not sep or not name.startswith("PAGEDLLAMA_"):
+            raise SystemExit(f"not a PAGEDLLAMA_NAME=VALUE setting: {item!r}")
+        env[name] = value
+    return env
+
+
+def slice_order(pairs: int) -> list[tuple[str, str]]:
+    """A B, B A, A B, ...: each server goes first in half of the pairs."""
+    return [("A", "B") if i % 2 == 0 else ("B", "A") for i in range(pairs)]
+
+
+def start(stack: ExitStack, what: str, env: str, args) -> str:
+    """The base URL of A or B, starting the server when it is not a URL."""
+    if what.startswith("http"):
+        return check_loopback(what)
+    if what == "ours":
+        spec = our_server(args.model, args.threads, env=parse_env(env))
+    elif what == "llama-server":
+        binary = find_peer_bin()
+        if binary is None:
+            raise SystemExit("llama-server not found (scripts/build_llama_server.sh builds it)")
+        spec = llama_server(binary, args.model, args.threads, args.parallel)
+    else:
+        raise SystemExit(f"--a/--b: ours, llama-server or a URL, not {what!r}")
+    return stack.enter_context(launched(spec))
+
+
+def label(what: str, env: str) -> str:
+    return f"{what} {env}".strip()
+
+
+async def run(bases: dict[str, str], models: dict[str, str], args) -> dict:
+    cal = ds.Calibration()
+    slices: dict[str, list[dict]] = {"A": [], "B": []}
+    for who in ("A", "B"):   # warm-up, not recorded
+        warm = ds.random_dataset(args.concurrency, args.input_len, cal, args.seed, kind="warm")
+        await run_workload(bases[who], ENDPOINT, models[who], warm,
+                           max_concurrency=args.concurrency, output_len=8, ignore_eos=True,
+                           progress=False)
+    for i, order in enumerate(slice_order(args.pairs)):
+        convs = ds.random_dataset(args.slice, args.input_len, cal, args.seed + i)
+        for who in order:
+            report, _ = await run_workload(bases[who], ENDPOINT, models[who], convs,
+                                           max_concurrency=args.concurrency,
+                                           output_len=args.output_len, ignore_eos=True,
+                                           progress=False)
+            slices[who].append(report)
+            print(f"pair {i + 1} {who}: {report['output_throughput']:.1f} tok/s"
+                  + (f", {report['failed']} failed" if report["failed"] else ""),
+                  file=sys.stderr, flush=True)
+    return summarize(slices)
+
+
+def summarize(slices: dict[str, list[dict]]) -> dict:
+    def med(who: str, key: str) -> float:
+        return statistics.median(r[key] for r in slices[who])
+
+    out = {who: {"tok_s": [r["output_throughput"] for r in slices[who]],
+                 "output_tokens": [r["total_output_tokens"] for r in slices[who]],
+                 "median_tok_s": med(who, "output_throughput"),
+                 "median_ttft_ms": med(who, "median_ttft_ms"),
+                 "median_tpot_ms": med(who, "median_tpot_ms"),
+                 "p99_itl_ms": med(who, "p99_itl_ms"),
+                 "failed": sum(r["failed"] for r in slices[who])} for who in ("A", "B")}
+    ratios = [a / b for a, b in zip(out["A"]["tok_s"], out["B"]["tok_s"]) if b > 0]
+    out["ratios"] = ratios
+    out["median_ratio"] = statistics.median(ratios) if ratios else None
+    return out
+
+
+def table(result: dict, names: dict[str, str], args) -> str:
+    lines = [f"paired slices · {args.pairs} pairs of {args.slice} requests · {args.concurrency} "
+             f"concurrent · in ~{args.input_len} / out {args.output_len} tokens (chat)",
+             f"{'':4}{'server':34}{'tok/s':>8}{'TTFT p50':>10}{'TPOT p50':>10}{'ITL p99':>9}"]
+    for who in ("A", "B"):
+        r = result[who]
+        lines.append(f"{who:4}{names[who][:34]:34}{r['median_tok_s']:8.1f}"
+                     f"{r['median_ttft_ms']:8.0f}ms{r['median_tpot_ms']:8.1f}ms"
+                     f"{r['p99_itl_ms']:7.0f}ms" + (f"  {r['failed']} failed" if r["failed"] else ""))
+    ratios = " ".join(f"{x:.2f}" for x in result["ratios"])
+    lines.append(f"A/B tok/s per pair: {ratios}; median {result['median_ratio']:.3f}x")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    names = {"A": label(args.a, args.a_env), "B": label(args.b, args.b_env)}
+    with ExitStack() as stack:
+        bases = {"A": start(stack, args.a, args.a_env, args),
+                 "B": start(stack, args.b, args.b_env, args)}
+        models = {who: first_model(url) for who, url in bases.items()}
+        result = asyncio.run(run(bases, models, args))
+    print(table(result, names, args))
+    if args.result_file:
+        write_result(args.result_file, {"benchmark": "paired", "args": vars(args),
+                                        "servers": names, **result})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
