@@ -32,7 +32,7 @@ from pathlib import Path
 from benchmarks import datasets as ds
 from benchmarks import interference, repeat
 from benchmarks.client import first_model
-from benchmarks.launch import (DEFAULT_MODEL, command_exists, find_peer_bin, launched,
+from benchmarks.launch import (DEFAULT_MODEL, command_exists, env_items, find_peer_bin, launched,
                                llama_server, our_server, peer_from_template)
 from benchmarks.metrics import write_result
 from benchmarks.serve import calibrate, run_workload, warmup
@@ -228,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
               "benchmarks/README.md), then pass --peer-bin PATH or set LLAMA_SERVER_BIN; or give "
               "any OpenAI-compatible server with --peer-cmd.")
         return 0
-    env = dict(kv.split("=", 1) for kv in args.our_env)
+    env = env_items(args.our_env)
     ours = our_server(args.model, args.threads, args.n_ctx, env)
     results = {"ours": {w: [] for w in args.workloads}, "peer": {w: [] for w in args.workloads}}
     with ExitStack() as stack:

@@ -19,6 +19,17 @@ DEFAULT_MODEL = ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_PEER_BIN = ROOT / ".peer" / "build" / "bin" / "llama-server"
 
 
+def env_items(items: list[str]) -> dict[str, str]:
+    """KEY=VALUE command-line items (the --our-env of the benchmarks) as an environment."""
+    env = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"expected KEY=VALUE, not {item!r}")
+        env[key] = value
+    return env
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

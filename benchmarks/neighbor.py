@@ -38,8 +38,8 @@ import psutil
 
 from benchmarks import datasets as ds
 from benchmarks.client import RequestOutput, first_model, make_client, payload, send
-from benchmarks.launch import (DEFAULT_MODEL, ServerSpec, find_peer_bin, launched, llama_server,
-                               our_server)
+from benchmarks.launch import (DEFAULT_MODEL, ServerSpec, env_items, find_peer_bin, launched,
+                               llama_server, our_server)
 from benchmarks.metrics import write_result
 from benchmarks.serve import calibrate, warmup
 
@@ -301,7 +301,7 @@ def with_prefix(spec: ServerSpec, prefix: list[str]) -> ServerSpec:
 
 
 def servers(args) -> list[tuple[str, callable]]:
-    env = dict(kv.split("=", 1) for kv in args.our_env)
+    env = env_items(args.our_env)
     out = [("pagedllama", lambda: our_server(args.model, args.threads, env=env))]
     peer = None if args.no_peer else find_peer_bin(args.peer_bin)
     if peer is not None:

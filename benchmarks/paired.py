@@ -12,8 +12,9 @@ same drift; the ratio of each pair and their median is the figure to quote.
     python -m benchmarks.paired --a ours --a-env PAGEDLLAMA_FLASH_ATTN=1 --b ours
     python -m benchmarks.paired --a http://127.0.0.1:8000 --b http://127.0.0.1:8080
 
-A and B are each `ours` (started with --a-env / --b-env settings), `llama-server` (the binary
-benchmarks.compare finds) or the URL of a server already running on this machine. The workload
+A and B are each `ours` (started with --a-env / --b-env PAGEDLLAMA_NAME=VALUE, repeated for
+more settings), `llama-server` (the binary benchmarks.compare finds) or the URL of a server
+already running on this machine. The workload
 is benchmarks.serve's: random chat prompts of ~--input-len tokens, --output-len tokens out
 (ignore_eos), --concurrency at a time, --slice requests a slice.
 """
@@ -27,7 +28,8 @@ from contextlib import ExitStack
 
 from benchmarks import datasets as ds
 from benchmarks.client import check_loopback, first_model
-from benchmarks.launch import DEFAULT_MODEL, find_peer_bin, launched, llama_server, our_server
+from benchmarks.launch import (DEFAULT_MODEL, env_items, find_peer_bin, launched, llama_server,
+                               our_server)
 from benchmarks.metrics import write_result
 from benchmarks.serve import run_workload
 
@@ -38,8 +40,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--a", default="ours", help="ours, llama-server or a loopback URL")
     p.add_argument("--b", default="llama-server", help="ours, llama-server or a loopback URL")
-    p.add_argument("--a-env", default="", help="PAGEDLLAMA_* settings for A: K=V,K=V")
-    p.add_argument("--b-env", default="", help="PAGEDLLAMA_* settings for B: K=V,K=V")
+    p.add_argument("--a-env", action="append", default=[], metavar="PAGEDLLAMA_NAME=VALUE",
+                   help="a setting for A when it is ours (repeat for more)")
+    p.add_argument("--b-env", action="append", default=[], metavar="PAGEDLLAMA_NAME=VALUE",
+                   help="a setting for B when it is ours (repeat for more)")
     p.add_argument("--model", default=str(DEFAULT_MODEL))
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--parallel", type=int, default=16, help="llama-server -np")
@@ -53,13 +57,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def parse_env(text: str) -> dict[str, str]:
-    env = {}
-    for item in filter(None, (s.strip() for s in text.split(","))):
-        name, sep, value = item.partition("=")
-        if not sep or not name.startswith("PAGEDLLAMA_"):
-            raise SystemExit(f"not a PAGEDLLAMA_NAME=VALUE setting: {item!r}")
-        env[name] = value
+def parse_env(items: list[str]) -> dict[str, str]:
+    env = env_items(items)
+    for name in env:
+        if not name.startswith("PAGEDLLAMA_"):
+            raise SystemExit(f"not a PAGEDLLAMA_NAME=VALUE setting: {name!r}")
     return env
 
 
@@ -68,8 +70,10 @@ def slice_order(pairs: int) -> list[tuple[str, str]]:
     return [("A", "B") if i % 2 == 0 else ("B", "A") for i in range(pairs)]
 
 
-def start(stack: ExitStack, what: str, env: str, args) -> str:
+def start(stack: ExitStack, what: str, env: list[str], args) -> str:
     """The base URL of A or B, starting the server when it is not a URL."""
+    if env and what != "ours":
+        raise SystemExit(f"--a-env/--b-env set our server's settings; {what!r} is not ours")
     if what.startswith("http"):
         return check_loopback(what)
     if what == "ours":
@@ -84,8 +88,8 @@ def start(stack: ExitStack, what: str, env: str, args) -> str:
     return stack.enter_context(launched(spec))
 
 
-def label(what: str, env: str) -> str:
-    return f"{what} {env}".strip()
+def label(what: str, env: list[str]) -> str:
+    return " ".join([what, *env])
 
 
 async def run(bases: dict[str, str], models: dict[str, str], args) -> dict:
@@ -135,9 +139,12 @@ def table(result: dict, names: dict[str, str], args) -> str:
         r = result[who]
         lines.append(f"{who:4}{names[who][:34]:34}{r['median_tok_s']:8.1f}"
                      f"{r['median_ttft_ms']:8.0f}ms{r['median_tpot_ms']:8.1f}ms"
-                     f"{r['p99_itl_ms']:7.0f}ms" + (f"  {r['failed']} failed" if r["failed"] else ""))
+                     f"{r['p99_itl_ms']:7.0f}ms"
+                     + (f"  {r['failed']} failed" if r["failed"] else ""))
     ratios = " ".join(f"{x:.2f}" for x in result["ratios"])
-    lines.append(f"A/B tok/s per pair: {ratios}; median {result['median_ratio']:.3f}x")
+    median = result["median_ratio"]
+    lines.append(f"A/B tok/s per pair: {ratios or 'none'}; median "
+                 + (f"{median:.3f}x" if median is not None else "n/a (B produced no tokens)"))
     return "\n".join(lines)
 
 

@@ -253,8 +253,8 @@ def test_paired_alternates_slices_and_reports_ratios(server_url, tmp_path):
 def test_paired_order_and_settings():
     from benchmarks.paired import parse_env, slice_order
     assert slice_order(4) == [("A", "B"), ("B", "A"), ("A", "B"), ("B", "A")]
-    assert parse_env("PAGEDLLAMA_FLASH_ATTN=1, PAGEDLLAMA_MAX_SEQS=10") == {
+    assert parse_env(["PAGEDLLAMA_FLASH_ATTN=1", "PAGEDLLAMA_MAX_SEQS=10"]) == {
         "PAGEDLLAMA_FLASH_ATTN": "1", "PAGEDLLAMA_MAX_SEQS": "10"}
     for bad in ("FLASH_ATTN=1", "PAGEDLLAMA_X"):
         with pytest.raises(SystemExit):
-            parse_env(bad)
+            parse_env([bad])
