@@ -7,7 +7,6 @@ from typing import AsyncIterator
 
 from fastapi import APIRouter, Request as HTTPRequest
 from fastapi.responses import JSONResponse
-from sse_starlette.sse import EventSourceResponse
 
 from engine import Request, Worker
 from server.errors import error_body
@@ -15,6 +14,7 @@ from server.fields import check_fields, unsupported
 from server.openapi import ERROR_RESPONSES, STREAM_ONLY
 from server.schemas import GenerateRequest
 from server.service import Service, error_status
+from server.sse import EventStream, message
 from server.structured import grammar_for
 
 router = APIRouter(responses=ERROR_RESPONSES)
@@ -33,7 +33,7 @@ async def health(http: HTTPRequest):
     return {"status": "ok", "models": models}
 
 
-@router.post("/generate_stream", response_class=EventSourceResponse, responses=STREAM_ONLY)
+@router.post("/generate_stream", response_class=EventStream, responses=STREAM_ONLY)
 async def generate_stream(body: GenerateRequest, http: HTTPRequest):
     """SSE: one `token` event per piece of text ({"text": ...}), then one `done` event with the
     finish reason, token counts and timings (or an `error` event). The prompt is sent as a user
@@ -49,21 +49,21 @@ async def generate_stream(body: GenerateRequest, http: HTTPRequest):
     else:
         prompt = await svc.text_prompt(lm, body.prompt, body.max_tokens, http)
     worker, req = svc.submit(lm, prompt, body, body.max_tokens, grammar_for(body, lm.model))
-    return EventSourceResponse(_events(svc, worker, req, http), ping=15, sep="\n")
+    return EventStream(_events(svc, worker, req, http))
 
 
 async def _events(svc: Service, worker: Worker, req: Request,
-                  http: HTTPRequest) -> AsyncIterator[dict]:
+                  http: HTTPRequest) -> AsyncIterator[bytes]:
     async for event in svc.events(worker, req, http):
         if event.error:
             status, code = error_status(event)
-            yield {"event": "error", "data": json.dumps(error_body(status, event.error, code))}
+            yield message(json.dumps(error_body(status, event.error, code)), "error")
             return
         if event.text:
-            yield {"event": "token", "data": json.dumps({"text": event.text}, ensure_ascii=False)}
+            yield message(json.dumps({"text": event.text}, ensure_ascii=False), "token")
         if event.finish_reason:
             ttft = req.first_token_time - req.arrival_time if req.first_token_time else None
-            yield {"event": "done", "data": json.dumps({
+            yield message(json.dumps({
                 "finish_reason": event.finish_reason, "prompt_tokens": len(req.prompt),
                 "completion_tokens": req.num_output, "cached_tokens": req.num_cached,
-                "ttft_s": ttft, "total_s": req.finish_time - req.arrival_time})}
+                "ttft_s": ttft, "total_s": req.finish_time - req.arrival_time}), "done")

@@ -9,7 +9,6 @@ from collections import defaultdict
 from typing import AsyncIterator
 
 from fastapi import APIRouter, Request as HTTPRequest
-from sse_starlette.sse import EventSourceResponse
 
 from server.errors import APIError, error_body
 from server.fields import UNSUPPORTED_CHAT, UNSUPPORTED_COMPLETION, check_fields, unsupported
@@ -21,6 +20,7 @@ from server.schemas import (ChatCompletionRequest, CompletionRequest, SamplingFi
 from server.structured import grammar_for
 from server.tools import parse_tools
 from server.service import Generation, LoadedModel, Service, error_status
+from server.sse import EventStream
 
 router = APIRouter(prefix="/v1", responses=ERROR_RESPONSES)
 
@@ -114,12 +114,12 @@ def _format(kind: Kind, lm: LoadedModel, body: SamplingFields, echo: list[str] |
 
 async def _respond(svc: Service, gen: Generation, fmt: OpenAIFormat):
     if fmt.stream:
-        return EventSourceResponse(_stream(svc, gen, fmt), ping=15, sep="\n")
+        return EventStream(_stream(svc, gen, fmt))
     choices = await svc.collect(gen)
     return fmt.response(choices, usage(gen.reqs))
 
 
-async def _stream(svc: Service, gen: Generation, fmt: OpenAIFormat) -> AsyncIterator[dict]:
+async def _stream(svc: Service, gen: Generation, fmt: OpenAIFormat) -> AsyncIterator[bytes]:
     """Every chunk carries its choice's index. With tools, a choice's text is held back until
     its end: only then can it be told apart from a call (the fallback format), and the calls go
     out as OpenAI's tool-call deltas. A completions echo goes out with its choice's first event,

@@ -10,6 +10,7 @@ from typing import Literal, Protocol
 from engine import Request
 from scheduler import FinishReason
 from engine.logprobs import TokenLogprob
+from server.sse import message
 from server.tools import parse_tool_calls
 
 Kind = Literal["chat", "completion"]
@@ -41,8 +42,9 @@ class Choice(Protocol):
     prompt_logprobs: list[TokenLogprob] | None
 
 
-def sse(payload: dict | str) -> dict:
-    return {"data": payload if isinstance(payload, str) else json.dumps(payload, ensure_ascii=False)}
+def sse(payload: dict | str) -> bytes:
+    """One SSE message: a JSON payload, or a string as it is ("[DONE]")."""
+    return message(payload if isinstance(payload, str) else json.dumps(payload, ensure_ascii=False))
 
 
 @dataclass
@@ -108,14 +110,14 @@ class OpenAIFormat:
         return chat_logprobs(items) if self.chat else completion_logprobs(items, offset, prompt)
 
     # ---- a stream -----------------------------------------------------------------------------
-    def opening_chunks(self) -> list[dict]:
+    def opening_chunks(self) -> list[bytes]:
         """Chat: the assistant role for every choice."""
         if self.chat:
             return [self._chunk({"role": "assistant", "content": ""}, None, index=i)
                     for i in range(self.num_choices)]
         return []
 
-    def echo_chunks(self, index: int, prompt_logprobs: list | None = None) -> list[dict]:
+    def echo_chunks(self, index: int, prompt_logprobs: list | None = None) -> list[bytes]:
         """Completions echo: the prompt (with its logprobs when asked), sent with the choice's
         first event, when the prompt's logprobs are known."""
         echo = self.echo_of(index)
@@ -125,14 +127,14 @@ class OpenAIFormat:
         return [self._chunk(echo, None, lps, index)]
 
     def text_chunk(self, text: str, logprobs: list[TokenLogprob] | None = None,
-                   index: int = 0) -> dict:
+                   index: int = 0) -> bytes:
         return self._chunk({"content": text} if self.chat else text, None,
                            self._logprobs(logprobs), index)
 
-    def finish_chunk(self, finish: FinishReason, index: int = 0) -> dict:
+    def finish_chunk(self, finish: FinishReason, index: int = 0) -> bytes:
         return self._chunk({} if self.chat else "", openai_finish(finish), index=index)
 
-    def closing_chunks(self, held: str, finish: FinishReason, index: int = 0) -> list[dict]:
+    def closing_chunks(self, held: str, finish: FinishReason, index: int = 0) -> list[bytes]:
         """The text held back (with tools), the calls as deltas, then the finish chunk: per call
         one delta with its index, id and name, then one with its arguments."""
         if not self.tools:
@@ -148,12 +150,12 @@ class OpenAIFormat:
         reason = "tool_calls" if calls else openai_finish(finish)
         return chunks + [self._chunk({}, reason, index=index)]
 
-    def usage_chunk(self, usage: dict) -> dict:
+    def usage_chunk(self, usage: dict) -> bytes:
         return sse({"id": self.id, "object": self.chunk_object, "created": self.created,
                     "model": self.model, "choices": [], "usage": usage})
 
     def _chunk(self, delta: dict | str, finish: str | None, logprobs: dict | None = None,
-               index: int = 0) -> dict:
+               index: int = 0) -> bytes:
         choice = ({"index": index, "delta": delta} if self.chat else {"index": index, "text": delta})
         choice.update(logprobs=logprobs, finish_reason=finish)
         payload = {"id": self.id, "object": self.chunk_object, "created": self.created,

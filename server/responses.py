@@ -27,7 +27,6 @@ from typing import Any, AsyncIterator, Iterator
 
 from fastapi import APIRouter, Request as HTTPRequest
 from pydantic import ConfigDict, Field
-from sse_starlette.sse import EventSourceResponse
 
 from engine import Request, Worker
 from scheduler import FinishReason
@@ -35,6 +34,7 @@ from server.errors import APIError, error_body
 from server.openapi import ERROR_RESPONSES, RESPONSES_STREAMED
 from server.schemas import INT32_MAX, Bool, Int, SamplingFields
 from server.service import Service, error_status
+from server.sse import EventStream, message
 from server.structured import text_format_grammar
 from server.tools import ToolCall, ToolUse, parse_tool_calls, parse_tools
 
@@ -268,28 +268,28 @@ class ResponseState:
                 "truncation": "disabled", "usage": self.usage() if done else None,
                 "user": None, "metadata": b.metadata or {}}
 
-    def event(self, kind: str, **payload) -> dict:
+    def event(self, kind: str, **payload) -> bytes:
         data = {"type": kind, "sequence_number": self.seq, **payload}
         self.seq += 1
-        return {"event": kind, "data": json.dumps(data, ensure_ascii=False)}
+        return message(json.dumps(data, ensure_ascii=False), kind)
 
     # ---- the events of one output item ----------------------------------------------------
-    def message_opened(self, index: int) -> Iterator[dict]:
+    def message_opened(self, index: int) -> Iterator[bytes]:
         yield self.event("response.output_item.added", output_index=index,
                          item=message_item(self.item_id, None))
         yield self.event("response.content_part.added", **self._where(index), part=text_part(""))
 
-    def text_delta(self, index: int, text: str) -> dict:
+    def text_delta(self, index: int, text: str) -> bytes:
         return self.event("response.output_text.delta", **self._where(index), delta=text,
                           logprobs=[])
 
-    def message_closed(self, index: int, item: dict) -> Iterator[dict]:
+    def message_closed(self, index: int, item: dict) -> Iterator[bytes]:
         text = item["content"][0]["text"]
         yield self.event("response.output_text.done", **self._where(index), text=text, logprobs=[])
         yield self.event("response.content_part.done", **self._where(index), part=text_part(text))
         yield self.event("response.output_item.done", output_index=index, item=item)
 
-    def call_events(self, index: int, item: dict) -> Iterator[dict]:
+    def call_events(self, index: int, item: dict) -> Iterator[bytes]:
         where = {"item_id": item["id"], "output_index": index}
         yield self.event("response.output_item.added", output_index=index,
                          item={**item, "arguments": "", "status": "in_progress"})
@@ -299,7 +299,7 @@ class ResponseState:
                          arguments=item["arguments"])
         yield self.event("response.output_item.done", output_index=index, item=item)
 
-    def item_events(self, index: int, item: dict) -> Iterator[dict]:
+    def item_events(self, index: int, item: dict) -> Iterator[bytes]:
         """A finished item's whole life as events (what a held-back answer sends at its end)."""
         if item["type"] == "function_call":
             yield from self.call_events(index, item)
@@ -324,7 +324,7 @@ async def create_response(body: ResponsesRequest, http: HTTPRequest):
     worker, req = svc.submit(lm, prompt, body, max_tokens, grammar)
     state = ResponseState(body, lm.name, req, use)
     if body.stream:
-        return EventSourceResponse(_stream(svc, worker, state, http), ping=15, sep="\n")
+        return EventStream(_stream(svc, worker, state, http))
     async for event in svc.events(worker, req, http, poll_disconnect=True):
         if event.error:   # 500 engine_error, or 503 when a drain ended it
             status, code = error_status(event)
@@ -338,7 +338,7 @@ async def create_response(body: ResponsesRequest, http: HTTPRequest):
 
 
 async def _stream(svc: Service, worker: Worker, s: ResponseState,
-                  http: HTTPRequest) -> AsyncIterator[dict]:
+                  http: HTTPRequest) -> AsyncIterator[bytes]:
     """Without tools the message streams as it comes; with tools the text is held back and the
     items (a message, function calls) go out whole at the end."""
     live = not s.use.active
@@ -350,9 +350,9 @@ async def _stream(svc: Service, worker: Worker, s: ResponseState,
     async for event in svc.events(worker, s.req, http):
         if event.error:   # the final event: an engine error, or a drain ended the response
             status, code = error_status(event)
-            yield {"event": "error", "data": json.dumps(
+            yield message(json.dumps(
                 {**error_body(status, event.error, code)["error"], "type": "error",
-                 "sequence_number": s.seq})}
+                 "sequence_number": s.seq}), "error")
             return
         if event.text:
             s.text += event.text

@@ -19,8 +19,9 @@ def answer(f, text, finish=FinishReason.STOP, **kw):
     return f.response([Collected(text, finish, [], **kw)], usage(REQ))
 
 
-def data(chunk):
-    return json.loads(chunk["data"])
+def data(chunk: bytes):
+    assert chunk.startswith(b"data: ") and chunk.endswith(b"\n\n") and chunk.count(b"\n") == 2
+    return json.loads(chunk[6:])
 
 
 def test_a_timeout_is_reported_as_length():

@@ -219,6 +219,12 @@ def test_without_active_tools_a_tagged_call_stays_text():
     assert item["type"] == "message" and item["content"][0]["text"] == CALL
 
 
+def _data(message: bytes) -> str:
+    event, data, blank = message.decode().split("\n", 2)
+    assert event.startswith("event: ") and data.startswith("data: ") and blank == "\n"
+    return data[6:]
+
+
 class _Req:   # what ResponseState reads of an engine request
     prompt, num_output, num_cached = [1, 2, 3], 5, 0
 
@@ -228,7 +234,7 @@ def test_a_held_back_answer_sends_each_item_as_events_the_openai_sdk_parses():
     state = ResponseState(body(tools=[WEATHER]), "m", _Req(), use, text="Hm. " + CALL)
     state.finish = FinishReason.STOP
     events = [e for i, item in enumerate(state.finish_output()) for e in state.item_events(i, item)]
-    parsed = [pydantic.TypeAdapter(ResponseStreamEvent).validate_json(e["data"]) for e in events]
+    parsed = [pydantic.TypeAdapter(ResponseStreamEvent).validate_json(_data(e)) for e in events]
     assert [e.type for e in parsed] == [
         "response.output_item.added", "response.content_part.added", "response.output_text.delta",
         "response.output_text.done", "response.content_part.done", "response.output_item.done",
