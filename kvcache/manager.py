@@ -21,7 +21,10 @@ a multiple of `reuse_grid`: by default `prefill_chunk`, so that a cached prompt 
 exactly the same pieces as a cold one; a block boundary where any cut of a prompt into pieces of
 2 or more tokens computes the same numbers (plain attention, see the worker), and the scheduler
 then keeps the rest of the prompt at 2 tokens or more unless a cold run computes its last token
-alone too.
+alone too. On blocks, a hit may also end inside one: past its last matched block, the cached
+block that continues it with the most of the prompt's next tokens lends those cells (one copy
+from its owner, which holds the whole chain), so a prompt reuses what it shares to the token,
+as llama-server's slots do (a chat template's head rarely ends on a block boundary).
 
 A live sequence's block table is one cached chain (each cached block's parent is the block before
 it) followed by uncached blocks. A block computed twice at once, or restored over its own cached
@@ -65,6 +68,9 @@ class BlockManager:
         self.leaves = LeafQueue()               # the evictable ones without cached children
         self._clock = itertools.count(1)        # Block.last_used
         self.cache: dict[int, Block] = {}                      # chain hash -> block
+        # parent's chain hash (NO_PARENT for a first block) -> its cached children: where a hit
+        # that ends inside a block finds the block that continues it
+        self.children: dict[int, set[Block]] = {}
         self.free_seq_ids = list(range(num_seq_ids))
         self.num_seq_ids = num_seq_ids
         self.owned: dict[int, int] = {}   # seq id -> number of cached blocks it owns
@@ -116,12 +122,17 @@ class BlockManager:
             return None
         hashes = hashes if hashes is not None else self.hashes(tokens)
         hit = self._match(hashes, tokens, 0, max_reuse)
+        part, k = self._partial(hit, tokens, max_reuse)
         alloc = self._reserve(seq_id, hit, reserve_tokens, extra_blocks)
         if alloc is None:
             return None
         alloc.hashes = list(hashes)
-        self._share(alloc, hit)
-        alloc.num_cached = len(hit) * self.block_size
+        self._share(alloc, hit, part, k)
+        alloc.num_cached = len(hit) * self.block_size + k
+        if k:   # the copied cells of the partial block are counted in a block of its own now
+            self._ref(part)      # a use: the lent block goes to the back of the eviction order
+            self._unref(part)
+            self.ensure(alloc, alloc.num_cached)
         if self.prefix_caching:
             self.query_tokens += len(tokens)
             self.hit_tokens += alloc.num_cached
@@ -321,6 +332,7 @@ class BlockManager:
             parent.n_children += 1
             self.leaves.discard(parent)
         self.cache[h] = block
+        self.children.setdefault(parent.hash if parent else NO_PARENT, set()).add(block)
         self.owned[alloc.seq_id] = self.owned.get(alloc.seq_id, 0) + 1
 
     def lookup(self, tokens: Sequence[int]) -> int:
@@ -344,15 +356,47 @@ class BlockManager:
         end = min((start + len(hit)) * bs, max_reuse) // grid * grid
         return hit[:max(0, end // bs - start)]
 
-    def _share(self, alloc: SeqAlloc, hit: list[Block]) -> None:
-        if not hit:
+    def _partial(self, hit: list[Block], tokens: Sequence[int],
+                 max_reuse: int) -> tuple[Block | None, int]:
+        """A hit that ends inside a block (plain attention only, where reuse may end on any
+        token): the cached block that continues `hit` with the most of our next tokens, and how
+        many (1 to block_size - 1, within max_reuse). Its owner holds the whole chain, so one
+        copy from it brings them. The partial block itself stays the new sequence's own: it is
+        neither referenced nor shared. Reuse does not end one token before a prefill grid line,
+        where the next piece would be a single token (other numbers; see the scheduler)."""
+        if not self.prefix_caching or self.reuse_grid != self.block_size:
+            return None, 0
+        bs, grid = self.block_size, self.prefill_chunk
+        p = len(hit) * bs
+        kids = self.children.get(hit[-1].hash if hit else NO_PARENT)
+        limit = min(bs - 1, max_reuse - p, len(tokens) - p)
+        if not kids or limit < 1:
+            return None, 0
+        ours = tokens[p:p + limit]
+        best, best_k = None, 0
+        for block in kids:
+            k = 0
+            for a, b in zip(block.tokens, ours):
+                if a != b:
+                    break
+                k += 1
+            if k > best_k:
+                best, best_k = block, k
+        if best_k and (p + best_k) % grid == grid - 1 and p + best_k + 1 < len(tokens):
+            best_k -= 1
+        return (best, best_k) if best_k else (None, 0)
+
+    def _share(self, alloc: SeqAlloc, hit: list[Block], part: Block | None = None,
+               k: int = 0) -> None:
+        if not hit and part is None:
             return
         p0 = len(alloc.blocks) * self.block_size
         for block in hit:
             self._ref(block)
             alloc.blocks.append(block)
         p1 = len(alloc.blocks) * self.block_size
-        self._ops.append(CopyOp(hit[-1].owner, alloc.seq_id, p0, p1))
+        src = hit[-1].owner if part is None else part.owner
+        self._ops.append(CopyOp(src, alloc.seq_id, p0, p1 + k))
 
     def _ref(self, block: Block) -> None:
         if block.ref_count == 0:
@@ -393,6 +437,11 @@ class BlockManager:
         owner, bs = leaf.owner, self.block_size
         self._ops.append(RemoveOp(owner, self._kept_cells(leaf), (leaf.index + 1) * bs))
         parent = leaf.parent
+        key = parent.hash if parent else NO_PARENT
+        siblings = self.children[key]
+        siblings.discard(leaf)
+        if not siblings:
+            del self.children[key]
         if parent is not None:
             parent.n_children -= 1
             if parent.n_children == 0 and parent.ref_count == 0:
@@ -468,6 +517,10 @@ class BlockManager:
             if block.parent is not None:
                 children[block.parent.id] = children.get(block.parent.id, 0) + 1
         assert all(b.n_children == children.get(b.id, 0) for b in self.cache.values())
+        index: dict[int, set] = {}
+        for block in self.cache.values():
+            index.setdefault(block.parent.hash if block.parent else NO_PARENT, set()).add(block)
+        assert index == self.children
         owned: dict[int, int] = {}
         for block in self.cache.values():
             owned[block.owner] = owned.get(block.owner, 0) + 1

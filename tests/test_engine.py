@@ -146,6 +146,35 @@ def test_prefix_hits_that_end_off_the_prefill_grid_give_the_cold_answers(model):
     assert answers[True] == answers[False]
 
 
+def test_prefix_hits_that_end_inside_a_block_give_the_cold_answers(model):
+    """Plain attention: a hit may end on any token. A prompt that leaves a cached one at
+    position d reuses exactly d tokens (the cells of the cached block that continues its last
+    full block are copied too), less one where the rest would start with a 1-token piece before
+    a grid line (d % 32 == 31), and answers as it does with caching off. Each d from 26 to 41
+    runs through a block's every offset and two block boundaries."""
+    long = chat_prompt(model, "Tell me about the moon, the sea and the tides, and why the tides "
+                              "come twice a day, briefly.")
+    tail = model.tokenize(" Reply in one short sentence, please.", add_special=False)
+    assert len(long) >= 50 and all(long[d] != tail[0] for d in range(26, 42))
+    prompts = {d: long[:d] + tail for d in range(26, 42)}
+    answers, hits = {}, {}
+    for caching in (False, True):
+        worker = make_worker(model, prefix_caching=caching, block_size=8)
+        try:
+            answers[caching] = {}
+            for d, p in prompts.items():
+                run_all(worker, [long], max_tokens=2)   # (again: the least recently used go)
+                before = worker.manager.hit_tokens
+                answers[caching][d] = run_all(worker, [p], max_tokens=8)[0]
+                hits[d] = worker.manager.hit_tokens - before
+            idle(worker)
+            worker.manager.check_invariants()
+        finally:
+            worker.stop()
+    assert hits == {d: d - 1 if d % 32 == 31 else d for d in prompts}
+    assert answers[True] == answers[False]
+
+
 def test_a_shared_prefix_in_flight_is_computed_once(model):
     worker = make_worker(model, prefill_chunk=32)
     try:

@@ -8,10 +8,12 @@ from tests.fakes import FakeKV
 BS = 4
 
 
-def make(num_blocks=16, seq_ids=8, caching=True, prefill_chunk=BS, share_cells=True):
+def make(num_blocks=16, seq_ids=8, caching=True, prefill_chunk=BS, share_cells=True,
+         reuse_grid=None):
     streams = 1 if share_cells else seq_ids     # split KV: cells of their own for each seq id
     return (BlockManager(num_blocks, block_size=BS, num_seq_ids=seq_ids, prefix_caching=caching,
-                         prefill_chunk=prefill_chunk, share_cells=share_cells),
+                         prefill_chunk=prefill_chunk, share_cells=share_cells,
+                         reuse_grid=reuse_grid),
             FakeKV(num_blocks * BS * streams))
 
 
@@ -47,7 +49,54 @@ def test_last_prompt_token_is_always_recomputed():
     a = manager.open(tokens, 7, 9)
     compute(manager, kv, a, tokens, 0, 8)
     b = manager.open(tokens, 7, 9)
-    assert b.num_cached == 4
+    assert b.num_cached == 7      # block 0 shared, 3 tokens of block 1 copied: never the last
+
+
+def test_a_hit_may_end_inside_a_block_copying_the_cells_from_the_block_that_continues_it():
+    manager, kv = make(num_blocks=32, prefill_chunk=2 * BS, reuse_grid=BS)   # plain attention
+    a_tokens = list(range(16))
+    a = manager.open(a_tokens, 15, 17)
+    compute(manager, kv, a, a_tokens, 0, 16)
+    b_tokens = list(range(6)) + [99] * 8          # shares 6 tokens: block 0 and 2 of block 1
+    b = manager.open(b_tokens, 13, 15)
+    assert b.num_cached == 6
+    ops = manager.take_ops()
+    assert ops == [CopyOp(a.seq_id, b.seq_id, 0, 6)]
+    kv.apply(ops)
+    assert [blk.hash is not None for blk in b.blocks] == [True, False]   # partial: b's own
+    compute(manager, kv, b, b_tokens, 6, 14)
+    assert kv.read(b.seq_id) == [tuple(b_tokens[:p + 1]) for p in range(14)]
+    manager.check_invariants()
+
+
+def test_of_several_cached_continuations_the_longest_is_copied():
+    manager, kv = make(num_blocks=48)
+    allocs = []
+    for tail in ([4, 50, 51, 52], [4, 5, 60, 61], [70, 71, 72, 73]):
+        tokens = [0, 1, 2, 3] + tail + [9, 9]
+        allocs.append(manager.open(tokens, 9, 11))
+        compute(manager, kv, allocs[-1], tokens, 0, 10)
+    c = manager.open([0, 1, 2, 3, 4, 5, 6, 7, 8, 8], 8, 11)
+    assert c.num_cached == 6
+    assert manager.take_ops() == [CopyOp(allocs[1].seq_id, c.seq_id, 0, 6)]
+
+
+def test_a_partial_hit_never_leaves_a_single_token_before_a_grid_line():
+    manager, kv = make(num_blocks=32, prefill_chunk=2 * BS, reuse_grid=BS)
+    a_tokens = list(range(16))
+    a = manager.open(a_tokens, 15, 17)
+    compute(manager, kv, a, a_tokens, 0, 16)
+    # 7 shared tokens would leave [7, 8) as a piece of one token: the hit stops at 6
+    assert manager.open(list(range(7)) + [99] * 8, 13, 16).num_cached == 6
+
+
+def test_no_partial_hit_where_reuse_stays_on_the_grid():
+    manager, kv = make(num_blocks=32, prefill_chunk=2 * BS)   # flash attention: on the grid
+    a_tokens = list(range(16))
+    a = manager.open(a_tokens, 15, 17)
+    compute(manager, kv, a, a_tokens, 0, 16)
+    assert manager.open(list(range(6)) + [99] * 8, 13, 15).num_cached == 0
+    assert manager.open(list(range(10)) + [99] * 4, 13, 15).num_cached == 8
 
 
 def test_reuse_stops_on_a_prefill_chunk_boundary():
@@ -58,13 +107,14 @@ def test_reuse_stops_on_a_prefill_chunk_boundary():
     assert manager.open(tokens, 13, 15).num_cached == 8
 
 
-def test_a_block_differing_in_one_token_is_a_miss():
-    manager, kv = make()
-    a_tokens = list(range(10))
-    a = manager.open(a_tokens, 9, 11)
-    compute(manager, kv, a, a_tokens, 0, 10)
+def test_a_block_differing_in_one_token_is_a_miss_on_the_grid_and_a_partial_hit_on_blocks():
     b_tokens = [0, 1, 2, 99] + list(range(4, 10))
-    assert manager.open(b_tokens, 9, 11).num_cached == 0
+    for grid, cached in ((2 * BS, 0), (BS, 2)):    # (2, not 3: [3, 4) would be a 1-token piece)
+        manager, kv = make(prefill_chunk=grid)
+        a_tokens = list(range(10))
+        a = manager.open(a_tokens, 9, 11)
+        compute(manager, kv, a, a_tokens, 0, 10)
+        assert manager.open(b_tokens, 9, 11).num_cached == cached
 
 
 def test_finished_sequence_stays_cached_as_holder():
