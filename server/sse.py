@@ -31,10 +31,10 @@ def message(data: str, event: str | None = None) -> bytes:
 class EventStream(EventSourceResponse):
     """The SSE response of every streaming route: a ping comment every 15 s, LF line ends."""
 
-    def __init__(self, content, **kwargs):
-        kwargs.setdefault("ping", 15)
+    def __init__(self, content, status_code: int = 200, **kwargs):   # (FastAPI's OpenAPI
+        kwargs.setdefault("ping", 15)                                 # reads status_code here)
         kwargs.setdefault("sep", "\n")
-        super().__init__(content, **kwargs)
+        super().__init__(content, status_code=status_code, **kwargs)
 
     async def _send_with_timeout(self, send, message) -> None:
         # sse-starlette (3.7) wraps every send in anyio.move_on_after(send_timeout), a cancel
