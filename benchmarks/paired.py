@@ -132,12 +132,13 @@ def summarize(slices: dict[str, list[dict]]) -> dict:
 
 
 def table(result: dict, names: dict[str, str], args) -> str:
+    w = max(34, *(len(n) + 1 for n in names.values()))   # whole names: settings included
     lines = [f"paired slices · {args.pairs} pairs of {args.slice} requests · {args.concurrency} "
              f"concurrent · in ~{args.input_len} / out {args.output_len} tokens (chat)",
-             f"{'':4}{'server':34}{'tok/s':>8}{'TTFT p50':>10}{'TPOT p50':>10}{'ITL p99':>9}"]
+             f"{'':4}{'server':{w}}{'tok/s':>8}{'TTFT p50':>10}{'TPOT p50':>10}{'ITL p99':>9}"]
     for who in ("A", "B"):
         r = result[who]
-        lines.append(f"{who:4}{names[who][:34]:34}{r['median_tok_s']:8.1f}"
+        lines.append(f"{who:4}{names[who]:{w}}{r['median_tok_s']:8.1f}"
                      f"{r['median_ttft_ms']:8.0f}ms{r['median_tpot_ms']:8.1f}ms"
                      f"{r['p99_itl_ms']:7.0f}ms"
                      + (f"  {r['failed']} failed" if r["failed"] else ""))
