@@ -40,6 +40,12 @@ from scheduler import FinishReason, Scheduler, Sequence, Status, StepPlan, make_
 log = logging.getLogger("pagedllama.engine")
 
 
+# ggml's CPU flash-attention kernel computes 64 or more query rows of one sequence in tiles
+# (GGML_FA_TILE_Q in ggml-cpu/common.h of this llama.cpp), fewer row by row: pieces of 2-63
+# tokens compute the same numbers however a prompt is cut, 64+ do not (tests/test_engine.py).
+FA_TILE_ROWS = 64
+
+
 @dataclass
 class EngineConfig:
     n_ctx: int = 2048                 # per sequence: the longest prompt + output
@@ -61,6 +67,17 @@ class EngineConfig:
     @property
     def n_seq_max(self) -> int:
         return min(256, self.max_seqs + (self.cache_seqs if self.prefix_caching else 0))
+
+    @property
+    def any_cut_exact(self) -> bool:
+        """Do all cuts of a prompt into pieces of 2 or more tokens compute the same numbers?
+        Plain attention: yes (measured, README "Exact answers"). Flash attention: only for
+        pieces under FA_TILE_ROWS query rows of one sequence, which split KV gives each
+        sequence and a unified cache does not (all of a batch's rows are one sequence's there),
+        and only while the grid's cells are under it too (cold prompts are cut on the grid)."""
+        if not self.flash_attn:
+            return True
+        return not self.kv_unified and self.prefill_chunk < FA_TILE_ROWS
 
     @property
     def total_cells(self) -> int:
@@ -100,13 +117,15 @@ class Worker:
             config.total_cells // config.block_size, block_size=config.block_size,
             num_seq_ids=config.n_seq_max, prefix_caching=config.prefix_caching,
             prefill_chunk=config.prefill_chunk, share_cells=config.kv_unified,
-            # plain attention: any cut into pieces of 2+ tokens computes the same numbers, so a
-            # prefix hit may end on any block; flash attention: only on the prefill grid
-            reuse_grid=config.prefill_chunk if config.flash_attn else config.block_size)
+            # any cut of a prompt into pieces of 2+ tokens computes the same numbers (plain
+            # attention; flash attention below its tile, see any_cut_exact): a prefix hit may
+            # end on any token; otherwise only on the prefill grid
+            reuse_grid=config.block_size if config.any_cut_exact else config.prefill_chunk)
         self.scheduler = Scheduler(
             self.manager, make_policy(config.scheduler), max_seqs=config.max_seqs,
             max_batch_tokens=config.max_batch_tokens, preemption=config.preemption,
-            merge_cells=not config.flash_attn)
+            merge_cells=config.any_cut_exact,
+            max_piece=FA_TILE_ROWS - 1 if config.flash_attn else None)
         self.max_seq_len = min(config.n_ctx, self.context.n_ctx_seq)
         self.inbox: deque[InboxMessage] = deque()
         self.wakeup = threading.Event()

@@ -9,8 +9,9 @@ Prompt chunks are aligned: with C = the manager's prefill_chunk, a step computes
 [kC, (k+1)C) of a sequence's tokens (or the tail), so the pieces a prompt is computed in never
 depend on what else runs, and prefix-cache reuse (which ends on a multiple of C) gives
 bit-identical results. With merge_cells (plain attention, where any cut into pieces of 2+ tokens
-computes the same numbers) a piece may span cells, and a hit may end on any block of the
-manager's reuse grid; _max_reuse keeps the 1-token-tail rule either way.
+computes the same numbers; flash attention with split KV, where pieces of 2 to max_piece tokens
+do) a piece may span cells, and a hit may end on any token; _max_reuse keeps the 1-token-tail
+rule either way.
 
 How many prompt tokens a step takes (_prefill_allowance): while nothing decodes, the whole
 budget. While sequences decode, one chunk for every sequence that wants a prompt chunk, which is
@@ -76,7 +77,7 @@ class StepPlan:
 class Scheduler:
     def __init__(self, manager: BlockManager, policy: Policy, *, max_seqs: int = 16,
                  max_batch_tokens: int = 256, preemption: str = "swap",
-                 merge_cells: bool = False):
+                 merge_cells: bool = False, max_piece: int | None = None):
         if max_batch_tokens < max_seqs + manager.prefill_chunk:
             raise ValueError(f"max_batch_tokens ({max_batch_tokens}) must be at least max_seqs "
                              f"({max_seqs}) + prefill chunk ({manager.prefill_chunk})")
@@ -85,6 +86,7 @@ class Scheduler:
         self.manager, self.policy = manager, policy
         self.max_seqs, self.max_batch_tokens, self.preemption = max_seqs, max_batch_tokens, preemption
         self.merge_cells = merge_cells   # see _merged_end
+        self.max_piece = max_piece       # longest merged piece (None: any), see _merged_end
         self.waiting: list[Sequence] = []
         self.running: list[Sequence] = []
         self.inflight: dict[int, Sequence] = {}   # block hash -> sequence computing it now
@@ -236,6 +238,8 @@ class Scheduler:
         piece of its own, as it is on the grid (a cache hit can leave exactly that token)."""
         n, chunk = len(seq.tokens), self.manager.prefill_chunk
         limit = min(n, start + budget)
+        if self.max_piece is not None:   # flash attention: longer pieces take another kernel
+            limit = min(limit, start + self.max_piece)
         if limit == n and n % chunk != 1:
             return n
         return max(end, limit // chunk * chunk)

@@ -146,12 +146,14 @@ def test_prefix_hits_that_end_off_the_prefill_grid_give_the_cold_answers(model):
     assert answers[True] == answers[False]
 
 
-def test_prefix_hits_that_end_inside_a_block_give_the_cold_answers(model):
+@pytest.mark.parametrize("flash_attn", [False, True])
+def test_prefix_hits_that_end_inside_a_block_give_the_cold_answers(model, flash_attn):
     """Plain attention: a hit may end on any token. A prompt that leaves a cached one at
     position d reuses exactly d tokens (the cells of the cached block that continues its last
     full block are copied too), less one where the rest would start with a 1-token piece before
     a grid line (d % 32 == 31), and answers as it does with caching off. Each d from 26 to 41
-    runs through a block's every offset and two block boundaries."""
+    runs through a block's every offset and two block boundaries. The same with flash attention
+    (split KV, grid under its 64-row tile: any cut into pieces of 2 to 63 tokens is exact)."""
     long = chat_prompt(model, "Tell me about the moon, the sea and the tides, and why the tides "
                               "come twice a day, briefly.")
     tail = model.tokenize(" Reply in one short sentence, please.", add_special=False)
@@ -159,7 +161,7 @@ def test_prefix_hits_that_end_inside_a_block_give_the_cold_answers(model):
     prompts = {d: long[:d] + tail for d in range(26, 42)}
     answers, hits = {}, {}
     for caching in (False, True):
-        worker = make_worker(model, prefix_caching=caching, block_size=8)
+        worker = make_worker(model, prefix_caching=caching, block_size=8, flash_attn=flash_attn)
         try:
             answers[caching] = {}
             for d, p in prompts.items():
@@ -338,5 +340,41 @@ def test_logits_do_not_depend_on_the_batch_or_the_thread_count(model, flash_attn
             assert different, "flash attention is batch- and thread-invariant now"
         else:
             assert not different
+    finally:
+        ctx.close()
+
+
+def test_flash_attention_computes_every_cut_into_pieces_under_its_tile_alike(model):
+    """Why flash attention may reuse prefixes on any token and merge cells into pieces of up to
+    FA_TILE_ROWS - 1 tokens (engine/worker.py): with split KV, a prompt computed in pieces of 2
+    to 63 tokens, however cut, gives bitwise the same logits, and so do the decode steps after
+    it (the KV it wrote is the same); pieces of 64 take ggml's tiled kernel and differ. If this
+    fails after a llama.cpp upgrade, FA_TILE_ROWS (or any_cut_exact) must follow."""
+    import numpy as np
+    from engine.llama import Context, ContextConfig
+    from engine.worker import FA_TILE_ROWS
+    ctx = Context(model, ContextConfig(n_ctx=512 * 2, n_seq_max=2, n_batch=256, n_threads=2,
+                                       kv_unified=False, flash_attn=True))
+    rng = random.Random(5)
+    toks = [rng.randrange(1000, 40000) for _ in range(161)]
+    after = [rng.randrange(1000, 40000) for _ in range(3)]
+
+    def run(sizes):
+        ctx.seq_rm(0, -1, -1)
+        pos, out, i = 0, [], 0
+        while pos < len(toks) - 1:     # the last token alone, as a cold run of 161 tokens has it
+            n = min(sizes[i % len(sizes)], len(toks) - 1 - pos)
+            assert ctx.decode([(0, toks[pos:pos + n], pos, False)]) == 0
+            pos, i = pos + n, i + 1
+        for t in [toks[-1]] + after:
+            assert ctx.decode([(0, [t], pos, True)]) == 0
+            out.append(ctx.logits(0).copy())
+            pos += 1
+        return out
+    try:
+        ref = run([16])
+        for sizes in ([8], [5, 11, 32, 48], [2, 3, 30, FA_TILE_ROWS - 1], [40]):
+            assert all(np.array_equal(a, b) for a, b in zip(ref, run(sizes))), sizes
+        assert not all(np.array_equal(a, b) for a, b in zip(ref, run([FA_TILE_ROWS])))
     finally:
         ctx.close()
