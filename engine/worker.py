@@ -52,7 +52,7 @@ class EngineConfig:
     max_seqs: int = 16
     n_threads: int = 2
     max_batch_tokens: int = 256
-    block_size: int = 8               # also where a prefix-cache hit may end (plain attention)
+    block_size: int = 8               # KV budget and prefix-cache lookup unit (hits may end inside one)
     prefill_chunk: int = 16           # aligned prompt chunk size (see benchmarks.chunking)
     prefix_caching: bool = True
     kv_unified: bool = False
