@@ -15,9 +15,11 @@ run-queue delay show a neighbour arriving, but with one thread neither changes w
 Policy (ThreadGovernor, pure arithmetic on recorded figures so that it is unit-tested without a
 clock): the cores left to this process are `cores - others`; a context may use
 `floor(left * share + margin)` threads (share: its part of the process's threads), at least 1,
-at most what it was configured with. Going down takes one window (a stall costs 100x, so react
-fast); going up takes `up_windows` windows in a row (so a neighbour that pauses briefly does not
-make us flap). Only time in which the context computes counts: the worker pauses the governor
+at most what it was configured with. Going down takes `down_windows` windows in a row (two: half a
+second of a burst, e.g. a benchmark client starting its next level, costs little at either thread
+count, but dropping for it cost 1-3 s on fewer threads each time); going up takes `up_windows`
+windows in a row (so a neighbour that pauses briefly does not make us flap). When a window's
+figure leaves no doubt (others beyond the threshold by `sure` cores more), one window is enough. Only time in which the context computes counts: the worker pauses the governor
 when it goes idle, so CPU others use while we wait for requests (a benchmark client preparing the
 next one, another server answering its own) is no contention and does not cost the next request
 a prefill on fewer threads; the thread count is kept across the pause.
@@ -49,14 +51,17 @@ class ThreadGovernor:
     """Decides a context's thread count from successive CPU samples."""
 
     def __init__(self, configured: int, cores: int, share: float = 1.0, margin: float = 0.5,
-                 window: float = 0.5, up_windows: int = 2, ticks_per_second: int = 100):
+                 window: float = 0.5, up_windows: int = 2, down_windows: int = 2,
+                 sure: float = 0.5, ticks_per_second: int = 100):
         self.configured, self.cores, self.share = configured, cores, share
         self.margin, self.window, self.up_windows = margin, window, up_windows
+        self.down_windows, self.sure = down_windows, sure
         self.hz = ticks_per_second
         self.threads = configured
         self.others = 0.0                   # cores others used in the last window
         self._last: CpuSample | None = None
         self._up_votes = 0
+        self._down_votes = 0
         self._acc_time = 0.0                # busy time of the window so far (across pauses)
         self._acc_others = 0                # others' ticks in that time
 
@@ -98,9 +103,19 @@ class ThreadGovernor:
         previous = self.threads
         if target < previous:
             self._up_votes = 0
+            self._down_votes += 1
+            # one thread fewer per window of a sustained excess (sure <= 1 core: a window in
+            # which others are not beyond doubt asks for exactly one thread fewer)
+            sure = self.target(self.others - self.sure)
+            if sure < previous:                  # no doubt: at once, as far as is beyond doubt
+                target = sure
+            elif self._down_votes < self.down_windows:
+                return None
+            self._down_votes = 0
             self.threads = target
             return ThreadChange(target, previous, self.others,
                                 f"other processes used {self.others:.2f} of {self.cores} cores")
+        self._down_votes = 0
         if target > previous:
             self._up_votes += 1
             if self._up_votes >= self.up_windows:
