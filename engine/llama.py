@@ -143,6 +143,11 @@ class ContextConfig:
     n_threads: int = 2
     kv_unified: bool = True
     flash_attn: bool = False
+    kv_type: str = "f16"        # KV cache element type: f16 or q8_0 (q8_0 needs flash_attn)
+
+
+# ggml type ids (ggml.h) of the KV cache types offered
+KV_TYPES = {"f16": 1, "q8_0": 8}
 
 
 class Context:
@@ -157,6 +162,7 @@ class Context:
         params.n_threads = params.n_threads_batch = config.n_threads
         params.kv_unified = config.kv_unified
         params.flash_attn_type = 1 if config.flash_attn else 0
+        params.type_k = params.type_v = KV_TYPES[config.kv_type]
         params.no_perf = True
         self.ptr = C.llama_init_from_model(model.ptr, params)
         if not self.ptr:

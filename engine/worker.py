@@ -28,7 +28,7 @@ from dataclasses import dataclass, replace
 
 from engine.detok import TextStream
 from engine.grammar import tokenizer_for
-from engine.llama import Context, ContextConfig, Model
+from engine.llama import KV_TYPES, Context, ContextConfig, Model
 from engine.logprobs import TokenLogprob, token_logprob
 from engine.request import Admit, Cancel, Event, InboxMessage, Request
 from engine.sampling import Sampler
@@ -40,9 +40,10 @@ from scheduler import FinishReason, Scheduler, Sequence, Status, StepPlan, make_
 log = logging.getLogger("pagedllama.engine")
 
 
-# ggml's CPU flash-attention kernel computes 64 or more query rows of one sequence in tiles
-# (GGML_FA_TILE_Q in ggml-cpu/common.h of this llama.cpp), fewer row by row: pieces of 2-63
-# tokens compute the same numbers however a prompt is cut, 64+ do not (tests/test_engine.py).
+# ggml's CPU flash-attention kernel, over an f16 KV cache, computes 64 or more query rows of one
+# sequence in tiles (GGML_FA_TILE_Q in ggml-cpu/common.h of this llama.cpp), fewer row by row:
+# pieces of 2-63 tokens compute the same numbers however a prompt is cut, 64+ do not
+# (tests/test_engine.py). Over a quantized (q8_0) cache it computes every row by itself.
 FA_TILE_ROWS = 64
 
 
@@ -56,13 +57,28 @@ class EngineConfig:
     prefill_chunk: int = 16           # aligned prompt chunk size (see benchmarks.chunking)
     prefix_caching: bool = True
     kv_unified: bool = False
-    flash_attn: bool = False          # on: not batch- or thread-invariant past 512 cells (README)
+    flash_attn: bool = True           # over an f16 cache: not batch- or thread-invariant (README)
+    kv_type: str | None = None        # KV cache f16 or q8_0 (needs flash_attn); None: q8_0 with
+                                      # flash attention, else f16 (see cache_type)
     scheduler: str = "fifo"
     preemption: str = "swap"
     max_queue: int = 256
     cache_seqs: int = 16              # extra llama.cpp seq ids that hold cached prefixes
     adaptive_threads: bool = True     # fewer threads while other processes use our cores
     thread_share: float = 1.0         # this context's part of the process's threads
+
+    def __post_init__(self):
+        if self.kv_type is not None and self.kv_type not in KV_TYPES:
+            raise ValueError(f"KV cache type {self.kv_type!r}: one of {', '.join(KV_TYPES)}")
+        if self.cache_type != "f16" and not self.flash_attn:
+            raise ValueError(f"a {self.cache_type} KV cache needs flash attention (llama.cpp "
+                             "quantizes V only for its flash-attention kernel)")
+
+    @property
+    def cache_type(self) -> str:
+        """The KV cache's element type: kv_type, or by default q8_0 under flash attention (as
+        fast as f16 there, and every query row computed by itself: any_cut_exact) else f16."""
+        return self.kv_type or ("q8_0" if self.flash_attn else "f16")
 
     @property
     def n_seq_max(self) -> int:
@@ -74,10 +90,17 @@ class EngineConfig:
         Plain attention: yes (measured, README "Exact answers"). Flash attention: only for
         pieces under FA_TILE_ROWS query rows of one sequence, which split KV gives each
         sequence and a unified cache does not (all of a batch's rows are one sequence's there),
-        and only while the grid's cells are under it too (cold prompts are cut on the grid)."""
-        if not self.flash_attn:
+        and only while the grid's cells are under it too (cold prompts are cut on the grid).
+        Flash attention over a q8_0 cache: yes, ggml computes each query row by itself there
+        (no tiles, no KV split between threads)."""
+        if not self.flash_attn or self.cache_type != "f16":
             return True
         return not self.kv_unified and self.prefill_chunk < FA_TILE_ROWS
+
+    @property
+    def max_piece(self) -> int | None:
+        """The longest prompt piece the scheduler may merge (None: any), see any_cut_exact."""
+        return FA_TILE_ROWS - 1 if self.flash_attn and self.cache_type == "f16" else None
 
     @property
     def total_cells(self) -> int:
@@ -112,7 +135,7 @@ class Worker:
         self.context = Context(model, ContextConfig(
             n_ctx=config.total_cells, n_seq_max=config.n_seq_max, n_batch=config.max_batch_tokens,
             n_threads=config.n_threads, kv_unified=config.kv_unified,
-            flash_attn=config.flash_attn))
+            flash_attn=config.flash_attn, kv_type=config.cache_type))
         self.manager = BlockManager(
             config.total_cells // config.block_size, block_size=config.block_size,
             num_seq_ids=config.n_seq_max, prefix_caching=config.prefix_caching,
@@ -125,7 +148,7 @@ class Worker:
             self.manager, make_policy(config.scheduler), max_seqs=config.max_seqs,
             max_batch_tokens=config.max_batch_tokens, preemption=config.preemption,
             merge_cells=config.any_cut_exact,
-            max_piece=FA_TILE_ROWS - 1 if config.flash_attn else None)
+            max_piece=config.max_piece)
         self.max_seq_len = min(config.n_ctx, self.context.n_ctx_seq)
         self.inbox: deque[InboxMessage] = deque()
         self.wakeup = threading.Event()
