@@ -57,7 +57,7 @@ class EngineConfig:
     prefill_chunk: int = 16           # aligned prompt chunk size (see benchmarks.chunking)
     prefix_caching: bool = True
     kv_unified: bool = False
-    flash_attn: bool = True           # over an f16 cache: not batch- or thread-invariant (README)
+    flash_attn: bool = False          # faster decode, slower long prompts (README)
     kv_type: str | None = None        # KV cache f16 or q8_0 (needs flash_attn); None: q8_0 with
                                       # flash attention, else f16 (see cache_type)
     scheduler: str = "fifo"
@@ -76,8 +76,8 @@ class EngineConfig:
 
     @property
     def cache_type(self) -> str:
-        """The KV cache's element type: kv_type, or by default q8_0 under flash attention (as
-        fast as f16 there, and every query row computed by itself: any_cut_exact) else f16."""
+        """The KV cache's element type: kv_type, or by default q8_0 under flash attention (there
+        ggml computes every query row by itself: batch-invariant, any_cut_exact) else f16."""
         return self.kv_type or ("q8_0" if self.flash_attn else "f16")
 
     @property

@@ -154,7 +154,7 @@ def test_prefix_hits_that_end_inside_a_block_give_the_cold_answers(model, flash_
     a grid line (d % 32 == 31), and answers as it does with caching off. Each d from 26 to 41
     runs through a block's every offset and two block boundaries. The same with flash attention
     over an f16 cache (split KV, grid under its 64-row tile: any cut into pieces of 2 to 63
-    tokens is exact) and over a q8_0 cache (the default: every cut is exact)."""
+    tokens is exact) and over a q8_0 cache (flash attention's default: every cut is exact)."""
     long = chat_prompt(model, "Tell me about the moon, the sea and the tides, and why the tides "
                               "come twice a day, briefly.")
     tail = model.tokenize(" Reply in one short sentence, please.", add_special=False)
@@ -316,7 +316,7 @@ def test_logits_do_not_depend_on_the_batch_or_the_thread_count(model, flash_attn
     KV cells (the KV range split between threads, then merged): measured, logits moved by up
     to 0.47 and 2 of 6 greedy chat answers changed between alone and batched. Over a q8_0
     cache it computes every query row by itself: so flash attention comes with a q8_0 cache by
-    default (README, "Flash attention"); this test shows why."""
+    default (README, "Flash attention over a q8_0 KV cache"); this test shows why."""
     import numpy as np
     from engine.llama import Context, ContextConfig
     ctx = Context(model, ContextConfig(n_ctx=1024 * 3, n_seq_max=3, n_batch=64, n_threads=2,
@@ -339,8 +339,8 @@ def test_logits_do_not_depend_on_the_batch_or_the_thread_count(model, flash_attn
         different = [case for case, logits in [
             ("beside 1", logits_of_0([0, 1])), ("beside 2", logits_of_0([0, 1, 2])),
             ("1 thread", logits_of_0([0], threads=1))] if not np.array_equal(alone, logits)]
-        if flash_attn and kv_type == "f16":   # the reason for the default; if this fails,
-            assert different, "flash attention is batch- and thread-invariant now"   # rethink it
+        if flash_attn and kv_type == "f16":   # why flash attention defaults to q8_0; if this
+            assert different, "flash attention is batch- and thread-invariant now"   # fails, rethink
         else:
             assert not different
     finally:
@@ -353,7 +353,7 @@ def test_flash_attention_computes_every_cut_into_pieces_under_its_tile_alike(mod
     to 63 tokens, however cut, gives bitwise the same logits, and so do the decode steps after
     it (the KV it wrote is the same); pieces of 64 take ggml's tiled kernel and differ. If this
     fails after a llama.cpp upgrade, FA_TILE_ROWS (or any_cut_exact) must follow. Over a q8_0
-    cache (the default) there are no tiles: pieces of 64 and more are exact too."""
+    cache (flash attention's default) there are no tiles: pieces of 64 and more are exact too."""
     import numpy as np
     from engine.llama import Context, ContextConfig
     from engine.worker import FA_TILE_ROWS
