@@ -11,7 +11,10 @@ from the chunk times of every stream (one chunk per token for both servers) in 1
   alone tok/s        the first phase (its first --settle seconds skipped)
   shared tok/s       the neighbour phase, the same way; kept = shared / alone
   recovery s         after the neighbour stops, the time until a sliding 2-second window first
-                     reaches 95% of the alone rate
+                     reaches 95% of the alone rate (this reads the machine's drift too: when
+                     the after phase as a whole runs below 95% of the alone one, it never does)
+  threads back s     ours only: after the neighbour stops, the time until /health (polled
+                     every 0.25 s) shows every context on its alone-phase thread count again
 
 With --quota (as root, cgroup v2 or v1 cpu controller) each server also runs alone inside a CPU
 quota of --quota cores, in a cgroup of its own; kept = quota / alone.
@@ -105,6 +108,33 @@ def token_bins(outs: list[RequestOutput], start: float, seconds: float) -> list[
             if 0 <= i < len(bins):
                 bins[i] += 1
     return bins
+
+
+def threads_back(samples: list[tuple[float, list[int]]], on: float, off: float) -> float | None:
+    """Seconds from `off` until the thread counts (samples of (elapsed, counts)) are again
+    what they were before `on`; None when they never are, or nothing was sampled."""
+    before = [counts for t, counts in samples if t < on]
+    if not before:
+        return None
+    full = before[-1]
+    return next((t - off for t, counts in samples if t >= off and counts == full), None)
+
+
+async def poll_threads(base: str, seconds: float, samples: list) -> None:
+    """Our contexts' thread counts from /health every 0.25 s for `seconds`, as (perf_counter
+    time, counts); returns at once for a server without them (llama-server)."""
+    end = time.perf_counter() + seconds
+    async with httpx.AsyncClient(timeout=2.0, trust_env=False) as client:
+        while time.perf_counter() < end:
+            try:
+                health = (await client.get(f"{base}/health")).json()
+            except (httpx.HTTPError, ValueError):
+                return
+            contexts = [c for m in health.get("models", {}).values() for c in m.get("contexts", [])]
+            if not contexts or "threads" not in contexts[0]:
+                return
+            samples.append((time.perf_counter(), [c["threads"] for c in contexts]))
+            await asyncio.sleep(0.25)
 
 
 def rate(bins: list[int], t0: float, t1: float) -> float:
@@ -268,19 +298,23 @@ async def neighbour_run(base: str, args) -> dict:
             neighbour.stop(ledger)
             phases["neighbour_off"] = elapsed
 
+    polled: list[tuple[float, list[int]]] = []
     try:
-        outs = await steady_load(base, model, cal, args, 3 * T, marks, on_time)
+        outs, _ = await asyncio.gather(steady_load(base, model, cal, args, 3 * T, marks, on_time),
+                                       poll_threads(base, 3 * T, polled))
         ledger.mark()
     finally:
         neighbour.stop()
     bins = token_bins(outs, marks["start"], 3 * T)
     on, off = phases["neighbour_on"] or T, phases["neighbour_off"] or 2 * T
+    samples = [(t - marks["start"], counts) for t, counts in polled]
     alone = rate(bins, args.settle, on)
     shared = rate(bins, on + args.settle, off)
     after = rate(bins, off + args.settle, 3 * T)
     return {"alone_tok_s": alone, "shared_tok_s": shared, "after_tok_s": after,
             "kept": shared / alone if alone else None,
             "recovery_s": recovery_time(bins, off, 0.95 * alone),
+            "threads_back_s": threads_back(samples, on, off) if samples else None,
             "errors": sum(1 for o in outs if not o.ok and o.error != "cancelled"),
             "bins": bins, "neighbour_on_s": on, "neighbour_off_s": off,
             "cpu_cores_by_phase": ledger.phases(),
@@ -339,6 +373,8 @@ def summary_line(name: str, r: dict) -> str:
         line += f"; quota {r['quota_tok_s']:.1f} ({100 * (r['quota_kept'] or 0):.0f}% kept)"
     if "thread_changes" in r:
         line += f"; thread changes {r['thread_changes']}"
+    if r.get("threads_back_s") is not None:
+        line += f"; threads back {r['threads_back_s']:.1f} s after it stops"
     cpu = r.get("cpu_cores_by_phase") or []
     if cpu:
         line += "\n  cores used (alone / neighbour / after): " + " / ".join(
@@ -348,14 +384,16 @@ def summary_line(name: str, r: dict) -> str:
 
 
 def table(results: dict, args) -> str:
-    cols = ["alone tok/s", "next to a busy process", "kept", "back to 95% after it stops"]
+    cols = ["alone tok/s", "next to a busy process", "kept", "back to 95% after it stops",
+            "threads back"]
     if args.quota > 0:
         cols += [f"quota {args.quota:g} cores", "kept"]
     lines = ["| server | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
     for name, r in results.items():
         rec = f"{r['recovery_s']:.1f} s" if r.get("recovery_s") is not None else "–"
+        back = r.get("threads_back_s")
         cells = [f"{r['alone_tok_s']:.1f}", f"{r['shared_tok_s']:.1f}",
-                 f"{100 * (r['kept'] or 0):.0f}%", rec]
+                 f"{100 * (r['kept'] or 0):.0f}%", rec, "–" if back is None else f"{back:.1f} s"]
         if args.quota > 0:
             cells += [f"{r.get('quota_tok_s', 0):.1f}", f"{100 * (r.get('quota_kept') or 0):.0f}%"]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
