@@ -15,11 +15,12 @@ run-queue delay show a neighbour arriving, but with one thread neither changes w
 Policy (ThreadGovernor, pure arithmetic on recorded figures so that it is unit-tested without a
 clock): the cores left to this process are `cores - others`; a context may use
 `floor(left * share + margin)` threads (share: its part of the process's threads), at least 1,
-at most what it was configured with. Going down takes `down_windows` windows in a row (two: half a
-second of a burst, e.g. a benchmark client starting its next level, costs little at either thread
-count, but dropping for it cost 1-3 s on fewer threads each time); going up takes `up_windows`
-windows in a row (so a neighbour that pauses briefly does not make us flap). When a window's
-figure leaves no doubt (others beyond the threshold by `sure` cores more), one window is enough. Only time in which the context computes counts: the worker pauses the governor
+at most what it was configured with. Going down takes `down_windows` windows in a row (two:
+half a second of a burst, e.g. a benchmark client starting its next level, costs little at
+either thread count, but dropping for it cost 1-3 s on fewer threads each time); when a window's
+figure leaves no doubt (others beyond the threshold by `sure` cores more), one window is enough.
+Going up takes `up_windows` windows in a row (so a neighbour that pauses briefly does not make
+us flap). Only time in which the context computes counts: the worker pauses the governor
 when it goes idle, so CPU others use while we wait for requests (a benchmark client preparing the
 next one, another server answering its own) is no contention and does not cost the next request
 a prefill on fewer threads; the thread count is kept across the pause.

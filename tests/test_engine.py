@@ -339,8 +339,8 @@ def test_logits_do_not_depend_on_the_batch_or_the_thread_count(model, flash_attn
         different = [case for case, logits in [
             ("beside 1", logits_of_0([0, 1])), ("beside 2", logits_of_0([0, 1, 2])),
             ("1 thread", logits_of_0([0], threads=1))] if not np.array_equal(alone, logits)]
-        if flash_attn and kv_type == "f16":   # why flash attention defaults to q8_0; if this
-            assert different, "flash attention is batch- and thread-invariant now"   # fails, rethink
+        if flash_attn and kv_type == "f16":   # why flash attention defaults to q8_0
+            assert different, "flash attention is batch- and thread-invariant now: rethink it"
         else:
             assert not different
     finally:

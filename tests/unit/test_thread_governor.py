@@ -136,7 +136,8 @@ def test_busy_time_on_both_sides_of_a_pause_makes_one_window():
     assert gov.threads == 2                          # 0.3 s is not a window yet
     gov.observe(CpuSample(5.0, 500, 400))            # resume: a new start, the idle gap dropped
     assert not gov.due(5.1) and gov.due(5.2)
-    assert gov.observe(CpuSample(5.2, 500 + 40 + 20, 400 + 40)) is None  # 0.2 s more, same neighbour
+    # 0.2 s more, the same neighbour
+    assert gov.observe(CpuSample(5.2, 500 + 40 + 20, 400 + 40)) is None
     assert abs(gov.others - 1.0) < 0.01              # one window: a first vote to go down
     change = gov.observe(CpuSample(5.7, 560 + 150, 440 + 100))
     assert change is not None and change.threads == 1
