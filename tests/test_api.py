@@ -58,6 +58,8 @@ def test_models_lists_the_loaded_model(client, model_name):
 def test_health_says_the_model_is_loaded(server_url, model_name):
     body = health(server_url)
     assert body["status"] == "ok" and body["models"][model_name]["loaded"] is True
+    model = body["models"][model_name]   # the kernel and cache the defaults give (README)
+    assert (model["flash_attn"], model["kv_type"], model["kv_unified"]) == (False, "f16", False)
 
 
 def test_chat_completion_answers_with_usage(client, model_name):
