@@ -130,8 +130,8 @@ async def poll_threads(base: str, seconds: float, samples: list) -> None:
                 health = (await client.get(f"{base}/health")).json()
             except (httpx.HTTPError, ValueError):
                 return
-            contexts = [c for m in health.get("models", {}).values() for c in m.get("contexts", [])]
-            if not contexts or "threads" not in contexts[0]:
+            contexts = thread_contexts(health)
+            if not contexts:
                 return
             samples.append((time.perf_counter(), [c["threads"] for c in contexts]))
             await asyncio.sleep(0.25)
@@ -260,13 +260,19 @@ def quota_cgroup(cores: float):
 
 
 # ---- one server -----------------------------------------------------------------------------------
+def thread_contexts(health: dict) -> list[dict]:
+    """The contexts of a /health answer that report threads (ours); [] for other servers."""
+    contexts = [c for m in health.get("models", {}).values() for c in m.get("contexts", [])]
+    return contexts if contexts and "threads" in contexts[0] else []
+
+
 def our_thread_figures(base: str) -> dict:
     try:
         health = httpx.get(f"{base}/health", timeout=5.0, trust_env=False).json()
     except (httpx.HTTPError, ValueError):
         return {}
-    contexts = [c for m in health.get("models", {}).values() for c in m.get("contexts", [])]
-    if not contexts or "threads" not in contexts[0]:
+    contexts = thread_contexts(health)
+    if not contexts:
         return {}
     return {"threads_now": [c["threads"] for c in contexts],
             "thread_changes": sum(c.get("thread_changes", 0) for c in contexts)}

@@ -105,8 +105,8 @@ class ThreadGovernor:
         if target < previous:
             self._up_votes = 0
             self._down_votes += 1
-            # one thread fewer per window of a sustained excess (sure <= 1 core: a window in
-            # which others are not beyond doubt asks for exactly one thread fewer)
+            # a window whose excess is not beyond doubt asks for exactly one thread fewer
+            # (sure <= 1 core), given after down_windows such windows in a row
             sure = self.target(self.others - self.sure)
             if sure < previous:                  # no doubt: at once, as far as is beyond doubt
                 target = sure

@@ -53,7 +53,8 @@ class EngineConfig:
     max_seqs: int = 16
     n_threads: int = 2
     max_batch_tokens: int = 256
-    block_size: int = 8               # KV budget and prefix-cache lookup unit (hits may end inside one)
+    block_size: int = 8               # KV budget and prefix-cache lookup unit (hits may end
+                                      # inside one)
     prefill_chunk: int = 16           # aligned prompt chunk size (see benchmarks.chunking)
     prefix_caching: bool = True
     kv_unified: bool = False
@@ -140,9 +141,8 @@ class Worker:
             config.total_cells // config.block_size, block_size=config.block_size,
             num_seq_ids=config.n_seq_max, prefix_caching=config.prefix_caching,
             prefill_chunk=config.prefill_chunk, share_cells=config.kv_unified,
-            # any cut of a prompt into pieces of 2+ tokens computes the same numbers (plain
-            # attention; flash attention below its tile, see any_cut_exact): a prefix hit may
-            # end on any token; otherwise only on the prefill grid
+            # where any cut of a prompt into pieces of 2+ tokens computes the same numbers
+            # (any_cut_exact), a prefix hit may end on any token; otherwise only on the grid
             reuse_grid=config.block_size if config.any_cut_exact else config.prefill_chunk)
         self.scheduler = Scheduler(
             self.manager, make_policy(config.scheduler), max_seqs=config.max_seqs,

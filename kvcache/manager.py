@@ -19,10 +19,9 @@ moves its cached blocks to the highest free seq id, so running sequences keep lo
 ids (llama.cpp batches only consecutive seq ids of split streams into one ubatch). Reuse stops on
 a multiple of `reuse_grid`: by default `prefill_chunk`, so that a cached prompt is computed in
 exactly the same pieces as a cold one; a block boundary where any cut of a prompt into pieces of
-2 or more tokens computes the same numbers (plain attention, and flash attention in pieces
-under its tile: see the worker's EngineConfig.any_cut_exact), and the scheduler
-then keeps the rest of the prompt at 2 tokens or more unless a cold run computes its last token
-alone too. On blocks, a hit may also end inside one: past its last matched block, the cached
+2 or more tokens computes the same numbers (see the worker's EngineConfig.any_cut_exact), and
+the scheduler then keeps the rest of the prompt at 2 tokens or more unless a cold run computes
+its last token alone too. On blocks, a hit may also end inside one: past its last matched block, the cached
 block that continues it with the most of the prompt's next tokens lends those cells (one copy
 from its owner, which holds the whole chain), so a prompt reuses what it shares to the token,
 as llama-server's slots do (a chat template's head rarely ends on a block boundary).
@@ -360,11 +359,12 @@ class BlockManager:
     def _partial(self, hit: list[Block], tokens: Sequence[int],
                  max_reuse: int) -> tuple[Block | None, int]:
         """A hit that ends inside a block (only where reuse is on blocks, reuse_grid ==
-        block_size: any cut of a prompt computes the same numbers there): the cached block that continues `hit` with the most of our next tokens, and how
-        many (1 to block_size - 1, within max_reuse). Its owner holds the whole chain, so one
-        copy from it brings them. The partial block itself stays the new sequence's own: it is
-        neither referenced nor shared. Reuse does not end one token before a prefill grid line,
-        where the next piece would be a single token (other numbers; see the scheduler)."""
+        block_size: any cut of a prompt computes the same numbers there): the cached block that
+        continues `hit` with the most of our next tokens, and how many (1 to block_size - 1,
+        within max_reuse). Its owner holds the whole chain, so one copy from it brings them.
+        The partial block itself stays the new sequence's own: it is neither referenced nor
+        shared. Reuse does not end one token before a prefill grid line, where the next piece
+        would be a single token (other numbers; see the scheduler)."""
         if not self.prefix_caching or self.reuse_grid != self.block_size:
             return None, 0
         bs, grid = self.block_size, self.prefill_chunk

@@ -8,9 +8,9 @@ so far": a running sequence needs tokens[num_computed:], and a decode is just on
 Prompt chunks are aligned: with C = the manager's prefill_chunk, a step computes at most one chunk
 [kC, (k+1)C) of a sequence's tokens (or the tail), so the pieces a prompt is computed in never
 depend on what else runs, and prefix-cache reuse (which ends on a multiple of C) gives
-bit-identical results. With merge_cells (plain attention, where any cut into pieces of 2+ tokens
-computes the same numbers; flash attention with split KV, where pieces of 2 to max_piece tokens
-do) a piece may span cells, and a hit may end on any token; _max_reuse keeps the 1-token-tail
+bit-identical results. With merge_cells (where any cut into pieces of 2+ tokens, or of 2 to
+max_piece tokens, computes the same numbers: the worker's EngineConfig.any_cut_exact) a piece
+may span cells, and a hit may end on any token; _max_reuse keeps the 1-token-tail
 rule either way.
 
 How many prompt tokens a step takes (_prefill_allowance): while nothing decodes, the whole
@@ -238,7 +238,7 @@ class Scheduler:
         piece of its own, as it is on the grid (a cache hit can leave exactly that token)."""
         n, chunk = len(seq.tokens), self.manager.prefill_chunk
         limit = min(n, start + budget)
-        if self.max_piece is not None:   # flash attention: longer pieces take another kernel
+        if self.max_piece is not None:   # flash attention over f16: longer pieces are tiled
             limit = min(limit, start + self.max_piece)
         if limit == n and n % chunk != 1:
             return n

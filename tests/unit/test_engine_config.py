@@ -37,6 +37,5 @@ def test_the_environment_picks_kernel_and_cache(monkeypatch):
     assert engine_from_env().cache_type == "f16"
     monkeypatch.setenv("PAGEDLLAMA_FLASH_ATTN", "1")
     assert engine_from_env().cache_type == "q8_0"
-    monkeypatch.setenv("PAGEDLLAMA_FLASH_ATTN", "1")
     monkeypatch.setenv("PAGEDLLAMA_KV_TYPE", "f16")
     assert engine_from_env().max_piece == FA_TILE_ROWS - 1

@@ -1,5 +1,5 @@
 """The figures benchmarks.neighbor derives from token times and /health samples (no servers)."""
-from benchmarks.neighbor import rate, recovery_time, threads_back, token_bins
+from benchmarks.neighbor import rate, recovery_time, thread_contexts, threads_back, token_bins
 
 
 class Out:
@@ -24,3 +24,10 @@ def test_threads_back_is_the_first_sample_with_the_alone_counts_after_the_stop()
     assert threads_back(samples, on=10.0, off=20.0) == 0.75
     assert threads_back(samples[:5], on=10.0, off=20.0) is None
     assert threads_back([(12.0, [1])], on=10.0, off=20.0) is None   # nothing sampled alone
+
+
+def test_thread_counts_come_from_our_health_answer_only():
+    ours = {"models": {"m": {"loaded": True, "contexts": [{"threads": 2}, {"threads": 1}]}}}
+    assert [c["threads"] for c in thread_contexts(ours)] == [2, 1]
+    assert thread_contexts({"status": "ok"}) == []                            # llama-server
+    assert thread_contexts({"models": {"m": {"contexts": [{"running": 0}]}}}) == []
