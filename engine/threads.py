@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import math
 import os
+import threading
 from dataclasses import dataclass
 
 
@@ -157,3 +158,63 @@ class CpuMeter:
             fields = f.read().rsplit(")", 1)[1].split()
         own = int(fields[11]) + int(fields[12])    # utime, stime (fields 14 and 15)
         return CpuSample(now, busy, own)
+
+
+class CoreBudget:
+    """Threads shared by the contexts of one process (elastic threads).
+
+    Each context owns a share of the process's threads (config: cores split between contexts).
+    A context that computes while every other one is idle may use all of them; as soon as
+    another has work, each computes on its own share again. A context asks before each step
+    (`acquire`) and hands the threads back after it (`release`), so the threads in use never
+    exceed `total`: a context that needs threads another one still holds waits for the end of
+    that step (at most one step), never computes beside it on shared cores (which would stall
+    both at llama.cpp's barriers). `idle` marks a context without work.
+
+    Why: one context with all the threads serves one request fastest; one 1-thread context per
+    core serves many faster (no barriers between threads; README, "One context with all
+    threads, or replicas?"). Lending idle contexts' threads gives each load the better of the
+    two."""
+
+    def __init__(self, total: int):
+        self.total = total
+        self._cond = threading.Condition(threading.RLock())
+        self._active: set[str] = set()
+        self._in_use = 0
+
+    def grant(self, name: str, share: int, cap: int) -> int:
+        """Threads `name` may use now: up to `cap` alone, else its own share (never above cap)."""
+        alone = self._active <= {name}
+        return max(1, min(cap, self.total if alone else share))
+
+    def acquire(self, name: str, share: int, cap: int) -> int:
+        """Blocks until the threads this context may use are free; returns how many it took."""
+        with self._cond:
+            while (n := self.try_acquire(name, share, cap)) is None:
+                self._cond.wait()
+            return n
+
+    def try_acquire(self, name: str, share: int, cap: int) -> int | None:
+        """Marks `name` as having work and takes its threads if they are free (else None)."""
+        with self._cond:
+            self._active.add(name)
+            n = self.grant(name, share, cap)
+            if self._in_use + n > self.total:
+                return None
+            self._in_use += n
+            return n
+
+    def release(self, n: int) -> None:
+        with self._cond:
+            self._in_use -= n
+            self._cond.notify_all()
+
+    def idle(self, name: str) -> None:
+        with self._cond:
+            if name in self._active:
+                self._active.discard(name)
+                self._cond.notify_all()
+
+    @property
+    def in_use(self) -> int:
+        return self._in_use

@@ -33,7 +33,7 @@ from engine.logprobs import TokenLogprob, token_logprob
 from engine.request import Admit, Cancel, Event, InboxMessage, Request
 from engine.sampling import Sampler
 from engine.stats import ContextStats, StepTimes
-from engine.threads import CpuMeter, ThreadGovernor
+from engine.threads import CoreBudget, CpuMeter, ThreadGovernor
 from kvcache import BlockManager, CopyOp, DropSavedOp, RemoveOp, RestoreOp, SaveOp, block_hashes
 from scheduler import FinishReason, Scheduler, Sequence, Status, StepPlan, make_policy
 
@@ -130,8 +130,12 @@ class Worker:
     """One llama.cpp context and the thread that runs its step loop."""
 
     def __init__(self, name: str, model: Model, config: EngineConfig,
-                 observer: Observer | None = None, publish_prefixes: bool = False):
+                 observer: Observer | None = None, publish_prefixes: bool = False,
+                 budget: CoreBudget | None = None):
         self.name, self.model, self.config = name, model, config
+        self.budget = budget   # threads shared with the process's other contexts (elastic)
+        # the most threads this context may use: its own, or all of the budget's when it lends
+        self.max_threads = budget.total if budget else config.n_threads
         self.observer = observer or Observer()
         self.context = Context(model, ContextConfig(
             n_ctx=config.total_cells, n_seq_max=config.n_seq_max, n_batch=config.max_batch_tokens,
@@ -155,9 +159,12 @@ class Worker:
         self.submitted = 0            # written by the event loop only
         self.finished = 0             # written by the worker thread only
         self.failed: str | None = None
-        self.meter = _meter(config)
-        self.governor = (ThreadGovernor(config.n_threads, len(self.meter.cpus), config.thread_share,
+        self.meter = _meter(config, self.max_threads)
+        # lending makes the whole process's threads this context's to use, so its share is all
+        share = 1.0 if budget else config.thread_share
+        self.governor = (ThreadGovernor(self.max_threads, len(self.meter.cpus), share,
                                         ticks_per_second=self.meter.hz) if self.meter else None)
+        self.current_threads = config.n_threads    # what the context computes with now
         self.thread_changes = 0
         self.times = StepTimes()
         self.publish_prefixes = publish_prefixes
@@ -172,7 +179,9 @@ class Worker:
 
     @property
     def threads(self) -> int:
-        return self.governor.threads if self.governor else self.config.n_threads
+        """The most threads this context may use now (the governor's figure); with elastic
+        threads it computes on fewer while other contexts have work (`current_threads`)."""
+        return self.governor.threads if self.governor else self.max_threads
 
     # ---- event-loop side -------------------------------------------------------------------------
     def start(self) -> None:
@@ -233,6 +242,8 @@ class Worker:
                 self._drain_inbox()
                 self._apply(self.manager.take_ops())   # frees of cancelled requests
                 if not self.scheduler.has_work():
+                    if self.budget:
+                        self.budget.idle(self.name)
                     self._publish()
                     self._pause_governor()
                     self.wakeup.wait()
@@ -242,6 +253,8 @@ class Worker:
             except Exception as exc:   # a broken context fails its own requests, nothing else
                 log.exception("engine %s step failed", self.name)
                 self._fail_all(f"engine error: {exc}")
+        if self.budget:
+            self.budget.idle(self.name)
 
     def _drain_inbox(self) -> None:
         while self.inbox:
@@ -280,7 +293,7 @@ class Worker:
         self.stats = self._collect_stats()     # what runs during this step's decode
         self.times.plan_s += time.perf_counter() - t0
         if plan.chunks:
-            events += self._run_plan(plan)
+            events += self._leased(self._run_plan, plan)
         elif not events:
             self.wakeup.wait(0.005)   # waiting requests that cannot start yet
             self.wakeup.clear()
@@ -408,10 +421,26 @@ class Worker:
             return
         change = self.governor.observe(self.meter.sample(now))
         if change is not None:
-            self.context.set_threads(change.threads)
+            if self.budget is None:   # else the next lease sets it
+                self.context.set_threads(change.threads)
+                self.current_threads = change.threads
             self.thread_changes += 1
             log.info("engine %s: threads %d -> %d (%s)", self.name, change.previous,
                      change.threads, change.reason)
+
+    def _leased(self, run, plan: StepPlan) -> list[Delivery]:
+        """Run a step on the threads the budget grants now (all of this context's when there is
+        no budget)."""
+        if self.budget is None:
+            return run(plan)
+        n = self.budget.acquire(self.name, self.config.n_threads, self.threads)
+        try:
+            if n != self.current_threads:
+                self.context.set_threads(n)
+                self.current_threads = n
+            return run(plan)
+        finally:
+            self.budget.release(n)
 
     def _pause_governor(self) -> None:
         """Going idle: what other processes do until the next request is no contention."""
@@ -469,7 +498,7 @@ class Worker:
     def _collect_stats(self) -> ContextStats:
         m, s, gov = self.manager, self.scheduler, self.governor
         return ContextStats(
-            name=self.name, threads=self.threads, configured_threads=self.config.n_threads,
+            name=self.name, threads=self.current_threads, configured_threads=self.max_threads,
             other_cpu_cores=round(gov.others, 3) if gov else None,
             thread_changes=self.thread_changes, step_ms=self.times.per_step_ms(),
             running=len(s.running), waiting=len(s.waiting), outstanding=self.outstanding,
@@ -479,9 +508,9 @@ class Worker:
             num_preemptions=s.num_preemptions, failed=self.failed)
 
 
-def _meter(config: EngineConfig) -> CpuMeter | None:
+def _meter(config: EngineConfig, max_threads: int) -> CpuMeter | None:
     """A CPU meter for the thread governor, when adaptive threads apply to this context."""
-    if not config.adaptive_threads or config.n_threads < 2 or not CpuMeter.available():
+    if not config.adaptive_threads or max_threads < 2 or not CpuMeter.available():
         return None
     return CpuMeter()
 

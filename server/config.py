@@ -39,6 +39,7 @@ class Settings:
     api_key: str | None = None
     edge: EdgeLimits = field(default_factory=EdgeLimits)
     max_n: int = 8                          # most choices (n) one request may ask for
+    elastic_threads: bool = True            # a context alone with work uses idle ones' threads
 
 
 def _env(name: str, default: str) -> str:
@@ -85,7 +86,8 @@ def load_settings() -> Settings:
                             int(_env("CONTEXTS", "1")), gpu_layers=int(gpu) if gpu else None)]
     _partition_threads(models)
     return Settings(models, _env("LOG_LEVEL", "info"), os.environ.get("PAGEDLLAMA_API_KEY"),
-                    edge_from_env(models), int(_env("MAX_N", "8")))
+                    edge_from_env(models), int(_env("MAX_N", "8")),
+                    _flag("ELASTIC_THREADS", True))
 
 
 def default_max_body_bytes(models: list[ModelSpec]) -> int:

@@ -13,6 +13,7 @@ from fastapi import Request as HTTPRequest
 from engine import (ChatTemplate, ChatTemplateError, Event, Model, Observer, QueueFull, Request,
                     SamplingParams, Worker)
 from engine.embedding import Embedder
+from engine.threads import CoreBudget
 from engine.gguf_info import gguf_facts
 from engine.logprobs import TokenLogprob
 from scheduler import FinishReason
@@ -126,6 +127,7 @@ class Service:
     def start(self) -> None:
         loaded: dict[str, Model] = {}
         bounds: dict[str, TokenBound] = {}
+        budget = self._core_budget()
         for spec in self.settings.models:
             key = str(spec.path.resolve())
             model = loaded.get(key) or Model(spec.path, spec.gpu_layers)
@@ -133,7 +135,8 @@ class Service:
             bound = bounds.get(key) or TokenBound(model.byte_weights())
             bounds[key] = bound
             workers = [Worker(f"{spec.name}/{i}", model, spec.engine, self.observer,
-                              publish_prefixes=spec.contexts > 1)   # for the router
+                              publish_prefixes=spec.contexts > 1,   # for the router
+                              budget=budget)
                        for i in range(spec.contexts)]
             faults.inject(workers)
             template = None
@@ -152,6 +155,15 @@ class Service:
                      "flash" if spec.engine.flash_attn else "plain")
             log.info("%s: tool_format %s", spec.name,   # server/tools.py
                      self.models[spec.name].tool_format or "none (no chat template)")
+
+    def _core_budget(self) -> CoreBudget | None:
+        """Elastic threads: with several contexts (of one model or several) and a CPU build, a
+        context that computes alone uses the idle ones' threads too (engine/threads.py)."""
+        specs = self.settings.models
+        if (not self.settings.elastic_threads or sum(s.contexts for s in specs) < 2
+                or any(s.gpu_layers for s in specs)):
+            return None
+        return CoreBudget(sum(s.engine.n_threads * s.contexts for s in specs))
 
     def stop(self) -> None:
         self.pool.close()

@@ -87,3 +87,7 @@ def test_replicas_split_the_cores_and_route_by_prefix():
             cached.append(resp.usage.prompt_tokens_details.cached_tokens)
         # without prefix-affine routing the second request would go to the idle replica (0 hits)
         assert cached[0] == 0 and cached[1] >= 128 and cached[2] >= 128, cached
+        # elastic threads: the replica that computed alone used the idle one's thread too
+        contexts = next(iter(httpx.get(f"{base}/health").json()["models"].values()))["contexts"]
+        assert sorted(c["threads"] for c in contexts) == [1, 2], contexts
+        assert all(c["configured_threads"] == 2 for c in contexts), contexts

@@ -1,0 +1,71 @@
+"""Elastic threads: the budget contexts of one process take their threads from (no clock)."""
+import threading
+
+from engine.threads import CoreBudget
+
+
+def test_a_context_alone_with_work_uses_every_thread():
+    budget = CoreBudget(2)
+    assert budget.try_acquire("a", share=1, cap=2) == 2
+    budget.release(2)
+    assert budget.in_use == 0
+
+
+def test_the_governor_caps_what_a_lone_context_borrows():
+    budget = CoreBudget(2)
+    assert budget.try_acquire("a", share=1, cap=1) == 1   # a busy neighbour: 1 thread left
+
+
+def test_two_contexts_with_work_compute_side_by_side_on_their_own_shares():
+    budget = CoreBudget(2)
+    assert budget.try_acquire("a", share=1, cap=2) == 2
+    budget.release(2)                            # a's step ended; a still has work
+    assert budget.try_acquire("b", share=1, cap=2) == 1
+    assert budget.try_acquire("a", share=1, cap=2) == 1
+    assert budget.in_use == 2
+
+
+def test_a_context_waits_while_another_holds_the_threads_it_needs():
+    budget = CoreBudget(2)
+    assert budget.try_acquire("a", share=1, cap=2) == 2   # alone: both threads
+    assert budget.try_acquire("b", share=1, cap=2) is None   # b now has work, but must wait
+    budget.release(2)
+    assert budget.try_acquire("b", share=1, cap=2) == 1
+    # a's next step: b has work, so a computes on its own share beside it
+    assert budget.try_acquire("a", share=1, cap=2) == 1
+    assert budget.in_use == 2
+
+
+def test_a_context_gets_every_thread_again_once_the_other_goes_idle():
+    budget = CoreBudget(2)
+    budget.try_acquire("a", share=1, cap=2)
+    budget.release(2)
+    budget.try_acquire("b", share=1, cap=2)
+    budget.release(1)
+    assert budget.grant("a", share=1, cap=2) == 1     # b still has work
+    budget.idle("b")
+    assert budget.try_acquire("a", share=1, cap=2) == 2
+
+
+def test_uneven_shares_never_exceed_the_total():
+    budget = CoreBudget(4)                          # a: 3 threads of its own, b: 1
+    assert budget.try_acquire("b", share=1, cap=4) == 4
+    assert budget.try_acquire("a", share=3, cap=4) is None
+    budget.release(4)
+    assert budget.try_acquire("a", share=3, cap=4) == 3
+    assert budget.try_acquire("b", share=1, cap=4) == 1
+    assert budget.in_use == 4
+
+
+def test_a_waiting_context_is_woken_when_the_threads_come_back():
+    budget = CoreBudget(2)
+    budget.try_acquire("a", share=1, cap=2)
+    got = []
+    t = threading.Thread(target=lambda: got.append(budget.acquire("b", share=1, cap=2)))
+    t.start()
+    while "b" not in budget._active:       # b is waiting inside acquire
+        threading.Event().wait(0.001)
+    assert not got
+    budget.release(2)
+    t.join(timeout=10)
+    assert got == [1] and not t.is_alive()
