@@ -25,8 +25,9 @@ class StepTimes:
 class ContextStats:
     """One context's counts (plain reads by the event loop; may be one step stale)."""
     name: str
-    threads: int                       # llama.cpp threads in use now
-    configured_threads: int
+    threads: int                       # llama.cpp threads in use now (0: idle, elastic)
+    configured_threads: int            # its own share of the process's threads
+    max_threads: int                   # the most it may use (all the shares, with elastic threads)
     other_cpu_cores: float | None      # cores other processes used lately (None: not watched)
     thread_changes: int
     step_ms: dict                      # StepTimes.per_step_ms()

@@ -218,3 +218,12 @@ class CoreBudget:
     @property
     def in_use(self) -> int:
         return self._in_use
+
+
+def own_share(cap: int, configured: int, share: float) -> int:
+    """Threads a context computes with beside other busy contexts: its part (`share` of the
+    process's threads) of the `cap` the governor leaves the process, at most its configured
+    count, at least 1. On a quiet machine that is its configured count; while other processes
+    use cores, the contexts' shares shrink together (as the governor scales them without a
+    budget)."""
+    return max(1, min(configured, math.floor(cap * share + 0.5)))

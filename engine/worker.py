@@ -33,7 +33,7 @@ from engine.logprobs import TokenLogprob, token_logprob
 from engine.request import Admit, Cancel, Event, InboxMessage, Request
 from engine.sampling import Sampler
 from engine.stats import ContextStats, StepTimes
-from engine.threads import CoreBudget, CpuMeter, ThreadGovernor
+from engine.threads import CoreBudget, CpuMeter, ThreadGovernor, own_share
 from kvcache import BlockManager, CopyOp, DropSavedOp, RemoveOp, RestoreOp, SaveOp, block_hashes
 from scheduler import FinishReason, Scheduler, Sequence, Status, StepPlan, make_policy
 
@@ -237,24 +237,26 @@ class Worker:
 
     # ---- worker thread ---------------------------------------------------------------------------
     def _run(self) -> None:
-        while not self._stop:
-            try:
-                self._drain_inbox()
-                self._apply(self.manager.take_ops())   # frees of cancelled requests
-                if not self.scheduler.has_work():
-                    if self.budget:
-                        self.budget.idle(self.name)
-                    self._publish()
-                    self._pause_governor()
-                    self.wakeup.wait()
-                    self.wakeup.clear()
-                    continue
-                self._step()
-            except Exception as exc:   # a broken context fails its own requests, nothing else
-                log.exception("engine %s step failed", self.name)
-                self._fail_all(f"engine error: {exc}")
-        if self.budget:
-            self.budget.idle(self.name)
+        try:
+            while not self._stop:
+                try:
+                    self._drain_inbox()
+                    self._apply(self.manager.take_ops())   # frees of cancelled requests
+                    if not self.scheduler.has_work():
+                        if self.budget:
+                            self.budget.idle(self.name)
+                        self._publish()
+                        self._pause_governor()
+                        self.wakeup.wait()
+                        self.wakeup.clear()
+                        continue
+                    self._step()
+                except Exception as exc:   # a broken context fails its own requests only
+                    log.exception("engine %s step failed", self.name)
+                    self._fail_all(f"engine error: {exc}")
+        finally:   # however the thread ends, it no longer keeps the others on their own share
+            if self.budget:
+                self.budget.idle(self.name)
 
     def _drain_inbox(self) -> None:
         while self.inbox:
@@ -433,7 +435,9 @@ class Worker:
         no budget)."""
         if self.budget is None:
             return run(plan)
-        n = self.budget.acquire(self.name, self.config.n_threads, self.threads)
+        cap = self.threads   # the governor's figure for the whole process
+        share = own_share(cap, self.config.n_threads, self.config.thread_share)
+        n = self.budget.acquire(self.name, share, cap)
         try:
             if n != self.current_threads:
                 self.context.set_threads(n)
@@ -495,10 +499,18 @@ class Worker:
         if self.publish_prefixes:
             self.cached_hashes = frozenset(self.manager.cache)
 
+    def _threads_in_use(self) -> int:
+        """The threads this context computes with; with elastic threads an idle context holds
+        none (its next step takes what the budget grants then)."""
+        if self.budget is not None and not self.scheduler.has_work():
+            return 0
+        return self.current_threads
+
     def _collect_stats(self) -> ContextStats:
         m, s, gov = self.manager, self.scheduler, self.governor
         return ContextStats(
-            name=self.name, threads=self.current_threads, configured_threads=self.max_threads,
+            name=self.name, threads=self._threads_in_use(), configured_threads=self.config.n_threads,
+            max_threads=self.max_threads,
             other_cpu_cores=round(gov.others, 3) if gov else None,
             thread_changes=self.thread_changes, step_ms=self.times.per_step_ms(),
             running=len(s.running), waiting=len(s.waiting), outstanding=self.outstanding,

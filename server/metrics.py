@@ -316,7 +316,9 @@ class _StateCollector(Collector):
         preemptions = family(CounterMetricFamily, "num_preemptions", "Sequences preempted.")
         threads = family(GaugeMetricFamily, "engine_threads", "llama.cpp threads in use now, "
                          "summed over the model's contexts (fewer while other processes use our "
-                         "cores: PAGEDLLAMA_ADAPTIVE_THREADS).")
+                         "cores: PAGEDLLAMA_ADAPTIVE_THREADS; with several contexts an idle one "
+                         "holds none and a lone busy one may use all: "
+                         "PAGEDLLAMA_ELASTIC_THREADS).")
         changes = family(CounterMetricFamily, "thread_changes", "Changes of a context's thread "
                          "count by the contention-aware thread governor.")
         for model, s in model_states(self.observer.workers()).items():

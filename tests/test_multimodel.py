@@ -75,7 +75,7 @@ def test_replicas_split_the_cores_and_route_by_prefix():
     with running_server({"PAGEDLLAMA_CONTEXTS": "2", "PAGEDLLAMA_THREADS": "2"}) as base:
         contexts = httpx.get(f"{base}/health").json()["models"]
         contexts = next(iter(contexts.values()))["contexts"]
-        assert len(contexts) == 2 and all(c["threads"] == 1 for c in contexts)
+        assert len(contexts) == 2 and all(c["configured_threads"] == 1 for c in contexts)
         client = OpenAI(base_url=f"{base}/v1", api_key="x", max_retries=0, timeout=120)
         system = "You are a careful assistant who answers in one short sentence. " * 16
         cached = []
@@ -87,7 +87,21 @@ def test_replicas_split_the_cores_and_route_by_prefix():
             cached.append(resp.usage.prompt_tokens_details.cached_tokens)
         # without prefix-affine routing the second request would go to the idle replica (0 hits)
         assert cached[0] == 0 and cached[1] >= 128 and cached[2] >= 128, cached
-        # elastic threads: the replica that computed alone used the idle one's thread too
-        contexts = next(iter(httpx.get(f"{base}/health").json()["models"].values()))["contexts"]
-        assert sorted(c["threads"] for c in contexts) == [1, 2], contexts
-        assert all(c["configured_threads"] == 2 for c in contexts), contexts
+        # elastic threads: a request computing alone uses the idle replica's thread too
+        def health_contexts():
+            return next(iter(httpx.get(f"{base}/health").json()["models"].values()))["contexts"]
+
+        assert all(c["configured_threads"] == 1 and c["max_threads"] == 2
+                   for c in health_contexts())
+        stream = client.chat.completions.create(
+            model=next(iter(httpx.get(f"{base}/v1/models").json()["data"]))["id"],
+            messages=[{"role": "user", "content": "Count from one to fifty in words."}],
+            max_tokens=200, temperature=0, stream=True, extra_body={"ignore_eos": True})
+        seen = []
+        for _ in stream:
+            ctx = health_contexts()
+            seen.append(sorted(c["threads"] for c in ctx))
+        assert [0, 2] in seen, seen          # the busy one on both threads, the idle one on none
+        assert all(sum(s) <= 2 for s in seen), seen
+        idle = health_contexts()
+        assert all(c["threads"] == 0 for c in idle), idle

@@ -1,7 +1,7 @@
 """Elastic threads: the budget contexts of one process take their threads from (no clock)."""
 import threading
 
-from engine.threads import CoreBudget
+from engine.threads import CoreBudget, own_share
 
 
 def test_a_context_alone_with_work_uses_every_thread():
@@ -69,3 +69,11 @@ def test_a_waiting_context_is_woken_when_the_threads_come_back():
     budget.release(2)
     t.join(timeout=10)
     assert got == [1] and not t.is_alive()
+
+
+def test_beside_others_a_context_computes_on_its_part_of_what_the_governor_leaves():
+    # 4 cores, 2 contexts x 2 threads: quiet, each its 2; a neighbour on 2 cores, each 1
+    assert own_share(cap=4, configured=2, share=0.5) == 2
+    assert own_share(cap=2, configured=2, share=0.5) == 1
+    # 2 cores, 2 contexts x 1 thread: never below 1
+    assert own_share(cap=1, configured=1, share=0.5) == 1
