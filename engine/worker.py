@@ -8,7 +8,9 @@ new text to each request's asyncio queue with one loop.call_soon_threadsafe per 
 event loop never calls llama.cpp, and reads only what the worker publishes (ContextStats, the
 set of cached block hashes), never the scheduler's or block manager's live structures.
 Between steps the thread governor may change the context's thread count (engine/threads.py);
-it is paused while the worker waits for requests.
+it is paused while the worker waits for requests. With several contexts in the process, each
+step runs on threads taken from their shared CoreBudget (elastic threads: all of them while
+the other contexts are idle, this context's share otherwise) and handed back after it.
 A request with a grammar samples through its mask (engine/grammar.py), greedy included; when the
 grammar allows no token the request finishes with "stop" and a warning. Logprobs are computed
 here, only for requests that ask, from the logits the sampler saw.
@@ -509,8 +511,8 @@ class Worker:
     def _collect_stats(self) -> ContextStats:
         m, s, gov = self.manager, self.scheduler, self.governor
         return ContextStats(
-            name=self.name, threads=self._threads_in_use(), configured_threads=self.config.n_threads,
-            max_threads=self.max_threads,
+            name=self.name, threads=self._threads_in_use(),
+            configured_threads=self.config.n_threads, max_threads=self.max_threads,
             other_cpu_cores=round(gov.others, 3) if gov else None,
             thread_changes=self.thread_changes, step_ms=self.times.per_step_ms(),
             running=len(s.running), waiting=len(s.waiting), outstanding=self.outstanding,
