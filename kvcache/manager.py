@@ -21,10 +21,10 @@ a multiple of `reuse_grid`: by default `prefill_chunk`, so that a cached prompt 
 exactly the same pieces as a cold one; a block boundary where any cut of a prompt into pieces of
 2 or more tokens computes the same numbers (see the worker's EngineConfig.any_cut_exact), and
 the scheduler then keeps the rest of the prompt at 2 tokens or more unless a cold run computes
-its last token alone too. On blocks, a hit may also end inside one: past its last matched block, the cached
-block that continues it with the most of the prompt's next tokens lends those cells (one copy
-from its owner, which holds the whole chain), so a prompt reuses what it shares to the token,
-as llama-server's slots do (a chat template's head rarely ends on a block boundary).
+its last token alone too. On blocks, a hit may also end inside one: past its last matched block,
+the cached block that continues it with the most of the prompt's next tokens lends those cells
+(one copy from its owner, which holds the whole chain), so a prompt reuses what it shares to the
+token, as llama-server's slots do (a chat template's head rarely ends on a block boundary).
 
 A live sequence's block table is one cached chain (each cached block's parent is the block before
 it) followed by uncached blocks. A block computed twice at once, or restored over its own cached
