@@ -142,16 +142,21 @@ def _models_from_file(path: Path, base: EngineConfig) -> list[ModelSpec]:
     return specs
 
 
+def total_threads(models: list[ModelSpec]) -> int:
+    """The threads of every context of every model: the process's partition."""
+    return sum(m.engine.n_threads * m.contexts for m in models)
+
+
 def _partition_threads(models: list[ModelSpec]) -> None:
     """Contexts together never use more threads than there are cores; each context knows its
     share of the process's threads (the thread governor scales the cores left to it by that)."""
     cores = os.cpu_count() or 1
-    total = sum(m.engine.n_threads * m.contexts for m in models)
+    total = total_threads(models)
     if total > cores:
         n_contexts = sum(m.contexts for m in models)
         per_context = max(1, cores // n_contexts)
         for m in models:
             m.engine = replace(m.engine, n_threads=min(m.engine.n_threads, per_context))
-        total = sum(m.engine.n_threads * m.contexts for m in models)
+        total = total_threads(models)
     for m in models:
         m.engine = replace(m.engine, thread_share=m.engine.n_threads / total)

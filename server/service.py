@@ -19,7 +19,7 @@ from engine.logprobs import TokenLogprob
 from scheduler import FinishReason
 from scheduler.router import pick_replica
 from server import faults
-from server.config import ModelSpec, Settings
+from server.config import ModelSpec, Settings, total_threads
 from server.errors import APIError
 from server.prompts import PromptPool, TokenBound
 from server.schemas import SamplingFields
@@ -163,7 +163,7 @@ class Service:
         if (not self.settings.elastic_threads or sum(s.contexts for s in specs) < 2
                 or any(s.gpu_layers for s in specs)):
             return None
-        return CoreBudget(sum(s.engine.n_threads * s.contexts for s in specs))
+        return CoreBudget(total_threads(specs))
 
     def stop(self) -> None:
         self.pool.close()
