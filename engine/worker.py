@@ -88,6 +88,12 @@ class EngineConfig:
         return min(256, self.max_seqs + (self.cache_seqs if self.prefix_caching else 0))
 
     @property
+    def tiled_attention(self) -> bool:
+        """Flash attention over an f16 cache: ggml computes 64+ query rows of one sequence in
+        tiles (and splits one row's KV between threads), other numbers than row by row."""
+        return self.flash_attn and self.cache_type == "f16"
+
+    @property
     def any_cut_exact(self) -> bool:
         """Do all cuts of a prompt into pieces of 2 or more tokens compute the same numbers?
         Plain attention: yes (measured, README "Exact answers"). Flash attention: only for
@@ -96,14 +102,14 @@ class EngineConfig:
         and only while the grid's cells are under it too (cold prompts are cut on the grid).
         Flash attention over a q8_0 cache: yes, ggml computes each query row by itself there
         (no tiles, no KV split between threads)."""
-        if not self.flash_attn or self.cache_type != "f16":
+        if not self.tiled_attention:
             return True
         return not self.kv_unified and self.prefill_chunk < FA_TILE_ROWS
 
     @property
     def max_piece(self) -> int | None:
         """The longest prompt piece the scheduler may merge (None: any), see any_cut_exact."""
-        return FA_TILE_ROWS - 1 if self.flash_attn and self.cache_type == "f16" else None
+        return FA_TILE_ROWS - 1 if self.tiled_attention else None
 
     @property
     def total_cells(self) -> int:
