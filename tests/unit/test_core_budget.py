@@ -1,6 +1,8 @@
 """Elastic threads: the budget contexts of one process take their threads from (no clock)."""
 import threading
 
+import pytest
+
 from engine.threads import CoreBudget, own_share
 
 
@@ -25,15 +27,17 @@ def test_two_contexts_with_work_compute_side_by_side_on_their_own_shares():
     assert budget.in_use == 2
 
 
-def test_a_context_waits_while_another_holds_the_threads_it_needs():
-    budget = CoreBudget(2)
-    assert budget.try_acquire("a", share=1, cap=2) == 2   # alone: both threads
-    assert budget.try_acquire("b", share=1, cap=2) is None   # b now has work, but must wait
-    budget.release(2)
-    assert budget.try_acquire("b", share=1, cap=2) == 1
+@pytest.mark.parametrize("total,a,b", [(2, 1, 1), (4, 3, 1), (4, 1, 3)])
+def test_a_context_waits_while_another_holds_the_threads_it_needs(total, a, b):
+    # shares a + b == total; uneven shares never exceed it either
+    budget = CoreBudget(total)
+    assert budget.try_acquire("a", share=a, cap=total) == total   # alone: every thread
+    assert budget.try_acquire("b", share=b, cap=total) is None    # b now has work, must wait
+    budget.release(total)
+    assert budget.try_acquire("b", share=b, cap=total) == b
     # a's next step: b has work, so a computes on its own share beside it
-    assert budget.try_acquire("a", share=1, cap=2) == 1
-    assert budget.in_use == 2
+    assert budget.try_acquire("a", share=a, cap=total) == a
+    assert budget.in_use == total
 
 
 def test_a_context_gets_every_thread_again_once_the_other_goes_idle():
@@ -45,16 +49,6 @@ def test_a_context_gets_every_thread_again_once_the_other_goes_idle():
     assert budget.grant("a", share=1, cap=2) == 1     # b still has work
     budget.idle("b")
     assert budget.try_acquire("a", share=1, cap=2) == 2
-
-
-def test_uneven_shares_never_exceed_the_total():
-    budget = CoreBudget(4)                          # a: 3 threads of its own, b: 1
-    assert budget.try_acquire("b", share=1, cap=4) == 4
-    assert budget.try_acquire("a", share=3, cap=4) is None
-    budget.release(4)
-    assert budget.try_acquire("a", share=3, cap=4) == 3
-    assert budget.try_acquire("b", share=1, cap=4) == 1
-    assert budget.in_use == 4
 
 
 def test_a_waiting_context_is_woken_when_the_threads_come_back():
