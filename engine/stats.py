@@ -9,6 +9,7 @@ class StepTimes:
     """Where a context's step loop spends its time (cumulative seconds)."""
     steps: int = 0
     decode_calls: int = 0
+    micro_batches: int = 0     # llama.cpp's micro-batches in those calls (runs of seq ids)
     plan_s: float = 0.0        # scheduling, KV ops, admission (Python)
     decode_s: float = 0.0      # inside llama_decode (batch fill included)
     sample_s: float = 0.0      # progress, prefix-cache commits, sampling, stop checks, text
@@ -17,6 +18,7 @@ class StepTimes:
     def per_step_ms(self) -> dict:
         n = max(1, self.steps)
         return {"steps": self.steps, "decode_calls_per_step": round(self.decode_calls / n, 3),
+                "micro_batches_per_step": round(self.micro_batches / n, 3),
                 **{k: round(1000 * getattr(self, k) / n, 3)
                    for k in ("plan_s", "decode_s", "sample_s", "deliver_s")}}
 

@@ -324,6 +324,7 @@ class Worker:
             status = self.context.decode(pieces)
             t_decoded = time.perf_counter()
             times.decode_calls += 1
+            times.micro_batches += self._micro_batches(group)
             times.decode_s += t_decoded - t
             if status == 1:   # no KV slot after all: preempt one sequence and plan again
                 log.warning("engine %s: llama_decode found no KV slot; preempting", self.name)
@@ -473,6 +474,15 @@ class Worker:
         for c in chunks:
             by_len.setdefault(c.end - c.start, []).append(c)
         return [sorted(by_len[n], key=lambda c: c.seq.seq_id) for n in sorted(by_len)]
+
+    def _micro_batches(self, group: list) -> int:
+        """How many micro-batches llama.cpp cuts one call of _groups into: one with a unified
+        cache; with split KV one per run of consecutive seq ids (each group's pieces are of one
+        length, in seq-id order)."""
+        if self.config.kv_unified:
+            return 1
+        ids = [c.seq.seq_id for c in group]
+        return 1 + sum(b != a + 1 for a, b in zip(ids, ids[1:]))
 
     def _apply(self, ops) -> None:
         ctx = self.context

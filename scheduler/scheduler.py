@@ -20,7 +20,11 @@ but with merge_cells those tokens go to the prompts in policy order, each taking
 own as it can, so the first prompts finish steps earlier instead of all finishing together in
 the last step. A sequence waiting on another's in-flight blocks gives its chunk to that one. A
 prompt that finished early keeps lending its chunk while the prompts that were still being
-computed then are: so the last of them finishes no later than with one cell each.
+computed then are: so the last of them finishes no later than with one cell each. While only a
+few sequences decode (few_decoding), prompts may take few_decoding_prompt tokens a step even
+when that is more than their cells: on a CPU a prompt token costs ~25 % less in a piece of 128
+than in pieces of 16, and a few streams lose less to one longer step than the prompts save
+(README, Performance, session 14); 128 tokens keep that step well under a second.
 
 n > 1 is one prefill and a fork: the choices after the first wait (pending forks, never admitted
 by themselves) while the first computes the prompt; when it has, `fork` starts each from a copy
@@ -58,6 +62,12 @@ class Chunk:
         return int(self.wants_logits)
 
 
+# While at most FEW_DECODING sequences decode, prompts may take FEW_DECODING_PROMPT tokens a step
+# (with merge_cells; module doc).
+FEW_DECODING = 4
+FEW_DECODING_PROMPT = 128
+
+
 @dataclass
 class StepPlan:
     chunks: list[Chunk] = field(default_factory=list)
@@ -77,7 +87,8 @@ class StepPlan:
 class Scheduler:
     def __init__(self, manager: BlockManager, policy: Policy, *, max_seqs: int = 16,
                  max_batch_tokens: int = 256, preemption: str = "swap",
-                 merge_cells: bool = False, max_piece: int | None = None):
+                 merge_cells: bool = False, max_piece: int | None = None,
+                 few_decoding: int = FEW_DECODING, few_decoding_prompt: int = FEW_DECODING_PROMPT):
         if max_batch_tokens < max_seqs + manager.prefill_chunk:
             raise ValueError(f"max_batch_tokens ({max_batch_tokens}) must be at least max_seqs "
                              f"({max_seqs}) + prefill chunk ({manager.prefill_chunk})")
@@ -87,6 +98,7 @@ class Scheduler:
         self.max_seqs, self.max_batch_tokens, self.preemption = max_seqs, max_batch_tokens, preemption
         self.merge_cells = merge_cells   # see _merged_end
         self.max_piece = max_piece       # longest merged piece (None: any), see _merged_end
+        self.few_decoding, self.few_decoding_prompt = few_decoding, few_decoding_prompt
         self.waiting: list[Sequence] = []
         self.running: list[Sequence] = []
         self.inflight: dict[int, Sequence] = {}   # block hash -> sequence computing it now
@@ -201,7 +213,9 @@ class Scheduler:
         admissible = min(max(free, 0), sum(1 for s in self.waiting if s.fork_of is None))
         cells = sum(self._cell_end(s) - s.num_computed for s in wanting)
         lent = set(self.lending).union(*self.lending.values()) if self.lending else ()
-        return max(cells + admissible * chunk, len(lent) * chunk)
+        few = len(plan.chunks) <= self.few_decoding
+        return max(cells + admissible * chunk, len(lent) * chunk,
+                   self.few_decoding_prompt if few else 0)
 
     def _plan_prefill(self, seq: Sequence, plan: StepPlan) -> bool:
         budget = self.max_batch_tokens - plan.num_tokens

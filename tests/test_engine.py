@@ -303,6 +303,8 @@ def test_a_worker_reports_its_thread_count_and_step_times(model):
         assert snap.threads in (1, 2) and snap.configured_threads == 2
         times = snap.step_ms
         assert times["steps"] >= 8 and times["decode_calls_per_step"] >= 1
+        # one sequence: each call is one micro-batch
+        assert times["micro_batches_per_step"] == times["decode_calls_per_step"]
         assert times["decode_s"] > 0 and times["plan_s"] > 0
     finally:
         worker.stop()
