@@ -21,10 +21,11 @@ own as it can, so the first prompts finish steps earlier instead of all finishin
 the last step. A sequence waiting on another's in-flight blocks gives its chunk to that one. A
 prompt that finished early keeps lending its chunk while the prompts that were still being
 computed then are: so the last of them finishes no later than with one cell each. While only a
-few sequences decode (few_decoding), prompts may take few_decoding_prompt tokens a step even
-when that is more than their cells: on a CPU a prompt token costs ~25 % less in a piece of 128
-than in pieces of 16, and a few streams lose less to one longer step than the prompts save
-(README, Performance, session 14); 128 tokens keep that step well under a second.
+few sequences decode (few_decoding), a prompt with at most finish_piece tokens left computes
+them in one piece, beside what the others take: on a CPU a prompt token costs ~25 % less in a
+piece of 128 than in pieces of 16, and a few streams lose less to one longer step than the
+prompt saves (README, Performance, session 14). A long prompt still goes a cell a step until
+its last piece, so the streams beside it keep their short steps.
 
 n > 1 is one prefill and a fork: the choices after the first wait (pending forks, never admitted
 by themselves) while the first computes the prompt; when it has, `fork` starts each from a copy
@@ -62,10 +63,10 @@ class Chunk:
         return int(self.wants_logits)
 
 
-# While at most FEW_DECODING sequences decode, prompts may take FEW_DECODING_PROMPT tokens a step
-# (with merge_cells; module doc).
+# While at most FEW_DECODING sequences decode, a prompt with at most FINISH_PIECE tokens left
+# computes them in one piece (with merge_cells; module doc).
 FEW_DECODING = 4
-FEW_DECODING_PROMPT = 128
+FINISH_PIECE = 128
 
 
 @dataclass
@@ -74,6 +75,8 @@ class StepPlan:
     ops: list[KVOp] = field(default_factory=list)
     preempted: list[Sequence] = field(default_factory=list)   # taken off the context this step
     allowance: int | None = None   # prompt tokens this step may take (None: the budget decides)
+    finish_within: int = 0         # a prompt with at most this many tokens left may finish now
+    finishing: int = 0             # prompt tokens planned that way, outside the allowance
 
     @property
     def num_tokens(self) -> int:
@@ -88,7 +91,7 @@ class Scheduler:
     def __init__(self, manager: BlockManager, policy: Policy, *, max_seqs: int = 16,
                  max_batch_tokens: int = 256, preemption: str = "swap",
                  merge_cells: bool = False, max_piece: int | None = None,
-                 few_decoding: int = FEW_DECODING, few_decoding_prompt: int = FEW_DECODING_PROMPT):
+                 few_decoding: int = FEW_DECODING, finish_piece: int = FINISH_PIECE):
         if max_batch_tokens < max_seqs + manager.prefill_chunk:
             raise ValueError(f"max_batch_tokens ({max_batch_tokens}) must be at least max_seqs "
                              f"({max_seqs}) + prefill chunk ({manager.prefill_chunk})")
@@ -98,7 +101,7 @@ class Scheduler:
         self.max_seqs, self.max_batch_tokens, self.preemption = max_seqs, max_batch_tokens, preemption
         self.merge_cells = merge_cells   # see _merged_end
         self.max_piece = max_piece       # longest merged piece (None: any), see _merged_end
-        self.few_decoding, self.few_decoding_prompt = few_decoding, few_decoding_prompt
+        self.few_decoding, self.finish_piece = few_decoding, finish_piece
         self.waiting: list[Sequence] = []
         self.running: list[Sequence] = []
         self.inflight: dict[int, Sequence] = {}   # block hash -> sequence computing it now
@@ -169,6 +172,8 @@ class Scheduler:
             if seq.status is Status.RUNNING:
                 self._plan(seq, 1, plan)
         plan.allowance = self._prefill_allowance(plan)
+        if plan.allowance is not None and len(plan.chunks) <= self.few_decoding:
+            plan.finish_within = self.finish_piece
         for seq in [s for s in self.running if not s.is_decoding]:
             if seq.status is Status.RUNNING:
                 self._plan_prefill(seq, plan)
@@ -213,15 +218,13 @@ class Scheduler:
         admissible = min(max(free, 0), sum(1 for s in self.waiting if s.fork_of is None))
         cells = sum(self._cell_end(s) - s.num_computed for s in wanting)
         lent = set(self.lending).union(*self.lending.values()) if self.lending else ()
-        few = len(plan.chunks) <= self.few_decoding
-        return max(cells + admissible * chunk, len(lent) * chunk,
-                   self.few_decoding_prompt if few else 0)
+        return max(cells + admissible * chunk, len(lent) * chunk)
 
     def _plan_prefill(self, seq: Sequence, plan: StepPlan) -> bool:
         budget = self.max_batch_tokens - plan.num_tokens
-        if plan.allowance is not None:
-            budget = min(budget, plan.allowance - plan.num_prompt_tokens)
-        if budget <= 0:
+        share = budget if plan.allowance is None else min(
+            budget, plan.allowance - (plan.num_prompt_tokens - plan.finishing))
+        if budget <= 0 or (share <= 0 and len(seq.tokens) - seq.num_computed > plan.finish_within):
             return False
         if not seq.is_decoding and not seq.prompt_logits:
             gained = self.manager.extend(seq.alloc, seq.tokens, seq.num_computed,
@@ -229,15 +232,20 @@ class Scheduler:
             seq.num_computed += gained
             seq.num_cached_tokens += gained
         start = seq.num_computed
+        finishing = len(seq.tokens) - start <= plan.finish_within   # module doc: few decoding
+        if not finishing:
+            budget = share
         end = self._cell_end(seq)
         if end - start > budget:
             return False
         if self.merge_cells and not seq.prompt_logits:
             end = self._merged_end(seq, start, end, budget)
         claims = self._claims(seq, start, end)
-        if claims is None:
+        if claims is None or not self._plan(seq, end - start, plan, claims):
             return False
-        return self._plan(seq, end - start, plan, claims)
+        if finishing:
+            plan.finishing += end - start
+        return True
 
     def _cell_end(self, seq: Sequence) -> int:
         """Where the grid cell a sequence's next prompt chunk starts in ends (or its tail)."""

@@ -447,7 +447,7 @@ def test_merged_cells_take_a_lone_prompt_in_one_piece_and_keep_a_one_token_tail_
     def pieces(n_prompt, budget=24, merge=True, others=(), few=0):
         sched, kv = make(budget=budget, blocks=128)
         sched.merge_cells = merge
-        sched.few_decoding, sched.few_decoding_prompt = few, 8
+        sched.few_decoding, sched.finish_piece = few, 10
         for o in others:
             sched.add(o)
             while not o.is_decoding:
@@ -464,17 +464,18 @@ def test_merged_cells_take_a_lone_prompt_in_one_piece_and_keep_a_one_token_tail_
     assert pieces(9) == [(0, 8), (8, 9)]                   # 9 = 2 cells + a 1-token tail
     assert pieces(30) == [(0, 24), (24, 30)]               # the budget, cut on the grid
     assert pieces(10, others=[seq(3, max_tokens=50)]) == [(0, 4), (4, 8), (8, 10)]   # a stream decodes
-    # ... unless it is one of few: then up to few_decoding_prompt tokens a step, on the grid
-    assert pieces(10, others=[seq(3, max_tokens=50)], few=1) == [(0, 8), (8, 10)]
+    # ... unless it is one of few: then a prompt with at most finish_piece tokens left finishes
+    assert pieces(10, others=[seq(3, max_tokens=50)], few=1) == [(0, 10)]
+    assert pieces(14, others=[seq(3, max_tokens=50)], few=1) == [(0, 4), (4, 14)]
 
 
-def _prompt_pieces(sched, kv, prompts, streams=1, few=0, few_prompt=0):
+def _prompt_pieces(sched, kv, prompts, streams=1, few=0, finish=0):
     """Start `streams` decoding streams, then add the prompts together; per step, the prompt
     tokens planned, and per prompt the step its first token came in and the pieces it took.
-    few, few_prompt: the scheduler's few_decoding and few_decoding_prompt (0: one cell per
-    prompt beside any stream)."""
+    few, finish: the scheduler's few_decoding and finish_piece (0: one cell per prompt beside
+    any stream)."""
     sched.merge_cells = True
-    sched.few_decoding, sched.few_decoding_prompt = few, few_prompt
+    sched.few_decoding, sched.finish_piece = few, finish
     for i in range(streams):
         s = seq(3, max_tokens=500, base=900 + 10 * i)
         sched.add(s)
@@ -518,16 +519,30 @@ def test_one_prompt_beside_streams_still_takes_one_cell_a_step():
     assert per_step == [4, 4, 4, 4] and first == [4]
 
 
-@pytest.mark.parametrize("streams,per_step", [(2, [12, 4]), (3, [4, 4, 4, 4])])
-def test_beside_few_streams_a_prompt_takes_up_to_the_few_decoding_allowance(streams, per_step):
-    """While at most few_decoding sequences decode, prompts may take few_decoding_prompt tokens a
-    step (bigger pieces cost less per token; a few streams wait on a longer step); beside more
-    streams, one cell a step."""
+@pytest.mark.parametrize("streams,n_prompt,per_step", [
+    (2, 12, [12]),                 # few streams, a short prompt: one piece
+    (2, 20, [4, 4, 12]),           # a longer one: cells until the rest fits in finish_piece
+    (3, 12, [4, 4, 4])])           # more streams than few_decoding: one cell a step
+def test_beside_few_streams_a_prompt_finishes_its_last_piece_at_once(streams, n_prompt, per_step):
+    """While at most few_decoding sequences decode, a prompt with at most finish_piece tokens
+    left computes them in one piece (cheaper per token; a few streams wait on one longer step);
+    a long prompt still takes a cell a step before that, and beside more streams every prompt
+    does."""
     sched, kv = make(budget=24, blocks=128, max_seqs=4)
-    p = seq(16, base=300)
-    got, first, cuts = _prompt_pieces(sched, kv, [p], streams=streams, few=2, few_prompt=12)
+    p = seq(n_prompt, base=300)
+    got, first, cuts = _prompt_pieces(sched, kv, [p], streams=streams, few=2, finish=12)
     assert got == per_step and first == [len(per_step)]
-    assert all(end % BS == 0 for _, end in cuts[0])          # on the grid
+
+
+def test_a_finishing_prompt_does_not_take_the_cells_of_the_others():
+    """Beside few streams, a short prompt finishing in one piece leaves the allowance (one cell
+    per prompt) to a long prompt computed beside it."""
+    sched, kv = make(budget=40, blocks=128, max_seqs=4)
+    short, long = seq(8, base=400), seq(24, base=300)      # the short one first in FIFO order
+    per_step, first, cuts = _prompt_pieces(sched, kv, [short, long], streams=1, few=2, finish=8)
+    assert cuts[0] == [(0, 8)]                                # the short one: one piece
+    assert cuts[1][0] == (0, 8)                               # the long one, in the same step:
+    assert per_step[0] == 16                                  # its own and the short one's cell
 
 
 def test_a_prompt_waiting_on_a_shared_prefix_lends_its_cell_to_the_one_computing_it():
