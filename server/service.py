@@ -13,9 +13,9 @@ from fastapi import Request as HTTPRequest
 from engine import (ChatTemplate, ChatTemplateError, Event, Model, Observer, QueueFull, Request,
                     SamplingParams, Worker)
 from engine.embedding import Embedder
-from engine.threads import CoreBudget
 from engine.gguf_info import gguf_facts
 from engine.logprobs import TokenLogprob
+from engine.threads import CoreBudget
 from scheduler import FinishReason
 from scheduler.router import pick_replica
 from server import faults
