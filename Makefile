@@ -42,7 +42,8 @@ run: setup
 	$(BIN)/uvicorn server.main:app --host $(HOST) --port $(PORT) --no-access-log
 
 ## cluster: REPLICAS replicas (cores split between them, ports PORT+1..) behind sglang-router
-## on PORT, in the foreground; Ctrl-C or SIGTERM stops them all. ROUTER_POLICY=round_robin compares.
+## on PORT, in the foreground; Ctrl-C or SIGTERM stops them all. ROUTER_POLICY=round_robin compares;
+## ROUTER_POLICY=manual routes by the client's x-smg-routing-key header (one key, one replica).
 cluster: setup
 	$(BIN)/python -m cluster --replicas $(REPLICAS) --policy $(ROUTER_POLICY) --port $(PORT) --host $(HOST)
 

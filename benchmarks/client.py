@@ -107,7 +107,8 @@ def payload(model: str, prompt_or_messages, chat: bool, max_tokens: int, ignore_
 
 
 async def send(client: httpx.AsyncClient, url: str, body: dict, chat: bool,
-               timeout: float, out: RequestOutput | None = None) -> RequestOutput:
+               timeout: float, out: RequestOutput | None = None,
+               headers: dict[str, str] | None = None) -> RequestOutput:
     """POST a streaming request and time every chunk that carries text. Output tokens come from
     the server's usage when it reports one, else one token per text chunk. Pass `out` to keep
     what arrived when the caller cancels the request."""
@@ -116,7 +117,7 @@ async def send(client: httpx.AsyncClient, url: str, body: dict, chat: bool,
     parts: list[str] = []
     try:
         async with asyncio.timeout(timeout):
-            async with client.stream("POST", url, json=body) as resp:
+            async with client.stream("POST", url, json=body, headers=headers) as resp:
                 if resp.status_code != 200:
                     text = (await resp.aread()).decode("utf-8", "replace")
                     out.error = f"HTTP {resp.status_code}: {text[:300]}"

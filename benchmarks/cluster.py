@@ -9,6 +9,10 @@ output throughput, TTFT p50/p99, the prefix hit rate summed from the replicas' /
 each replica served.
 
     python -m benchmarks.cluster [--rounds 2] [--result-file results/cluster.json]
+    python -m benchmarks.cluster --policies manual,round_robin    # routing by a key
+
+`manual` is sglang-router's routing by a key the client names (here each request's system
+prompt tag in the x-smg-routing-key header; new keys spread over the replicas by count).
 """
 from __future__ import annotations
 
@@ -23,7 +27,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from benchmarks import datasets as ds
 from benchmarks.metrics import write_result
 from benchmarks.serve import run_workload
-from cluster.launch import Cluster, ClusterSpec, free_cluster_port
+from cluster.launch import ROUTING_KEY_HEADER, Cluster, ClusterSpec, free_cluster_port
 
 ENDPOINT = "/v1/chat/completions"
 COUNTERS = ("pagedllama:prefix_cache_hits_total", "pagedllama:prefix_cache_queries_total",
@@ -78,12 +82,14 @@ def _delta(after: list[dict], before: list[dict], name: str) -> list[float]:
     return [a[name] - b[name] for a, b in zip(after, before)]
 
 
-async def _workload(url: str, model: str, args, seed: int) -> dict:
+async def _workload(url: str, model: str, args, seed: int, policy: str) -> dict:
     convs = ds.shared_prefix_dataset(args.num_prompts, 24, args.shared_len, args.num_prefixes,
                                      ds.Calibration(), seed)
+    # the manual policy routes by a key the client names: here the system prompt's tag
+    headers_for = ((lambda conv: {ROUTING_KEY_HEADER: conv.tag}) if policy == "manual" else None)
     report, _ = await run_workload(url, ENDPOINT, model, convs, max_concurrency=args.concurrency,
                                    output_len=args.output_len, ignore_eos=True, seed=seed,
-                                   desc="shared-prefix")
+                                   desc="shared-prefix", headers_for=headers_for)
     report.pop("requests", None)
     return report
 
@@ -98,7 +104,7 @@ def run_policy(policy: str, args, seed: int) -> dict:
         urls = [r.url for r in cluster.replicas]
         model = httpx.get(f"{urls[0]}/v1/models", trust_env=False).json()["data"][0]["id"]
         before = replica_counters(urls)
-        report = asyncio.run(_workload(spec.url, model, args, seed))
+        report = asyncio.run(_workload(spec.url, model, args, seed, policy))
         after = replica_counters(urls)
         report["thread_changes_per_replica"] = [thread_changes(u) for u in urls]
     hits = sum(_delta(after, before, COUNTERS[0]))
@@ -142,11 +148,11 @@ def summary_table(summary: dict, args) -> str:
                      f"{s['median_ttft_ms'] / 1000:>8.1f}s {s['p99_ttft_ms'] / 1000:>8.1f}s "
                      f"{s['prefix_hit_rate'] * 100:>7.0f}% {s['failed']:>6.0f}  "
                      f"{s['requests_per_replica']}")
-    if {"cache_aware", "round_robin"} <= summary.keys():
-        ca, rr = summary["cache_aware"], summary["round_robin"]
-        lines.append(f"cache_aware / round_robin throughput: "
-                     f"{ca['output_throughput'] / rr['output_throughput']:.2f}x   (target >= 1.2x, "
-                     f"with a hit rate >= 80%)")
+    for policy in ("cache_aware", "manual"):
+        if {policy, "round_robin"} <= summary.keys():
+            ratio = summary[policy]["output_throughput"] / summary["round_robin"]["output_throughput"]
+            lines.append(f"{policy} / round_robin throughput: {ratio:.2f}x   (target >= 1.2x, "
+                         f"with a hit rate >= 80%)")
     return "\n".join(lines)
 
 

@@ -17,6 +17,7 @@ import math
 import random
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -81,9 +82,12 @@ async def run_workload(base_url: str, endpoint: str, model: str,
                        ignore_eos: bool = False, temperature: float = 0.0, seed: int = 0,
                        request_timeout: float = 600.0, time_limit: float = 1800.0,
                        progress: bool = True, desc: str = "requests",
-                       extra_body: dict | None = None) -> tuple[dict, list[RequestOutput]]:
+                       extra_body: dict | None = None,
+                       headers_for: Callable[[ds.Conversation], dict[str, str]] | None = None,
+                       ) -> tuple[dict, list[RequestOutput]]:
     """Conversations arrive as a Poisson process (request_rate per second; inf = all at once);
-    each turn waits for a free slot of max_concurrency. Returns (report, outputs)."""
+    each turn waits for a free slot of max_concurrency; `headers_for(conversation)` gives the
+    HTTP headers of its requests. Returns (report, outputs)."""
     chat, url = is_chat(endpoint), base_url + endpoint
     n_requests = sum(len(c.user_turns) for c in conversations)
     if n_requests > MAX_PROMPTS:
@@ -111,7 +115,8 @@ async def run_workload(base_url: str, endpoint: str, model: str,
                     return
                 body = payload(model, request_input(conv, turn, chat), chat, output_len,
                                ignore_eos, temperature, extra=extra_body)
-                out = await send(client, url, body, chat, min(request_timeout, left))
+                out = await send(client, url, body, chat, min(request_timeout, left),
+                                 headers=headers_for(conv) if headers_for else None)
             outputs.append(out)
             bar.update(1)
             if not out.ok:

@@ -5,7 +5,10 @@ Why sglang-router (README, "Scaling out"): it is a maintained Rust router on PyP
 `cache_aware` policy keeps an approximate radix tree of the prompts it sent to each worker and
 sends a request to the worker with the longest match (above `cache_threshold`), falling back
 to the least loaded worker when the load is out of balance; it also has `round_robin`,
-`random` and `power_of_two`, and Kubernetes service discovery by pod label.
+`random` and `power_of_two`, and Kubernetes service discovery by pod label. Its `manual` policy
+routes by a key the client names in the `x-smg-routing-key` header (a system prompt's or a
+tenant's id): a known key goes to the worker it went to before, a new key here to the worker
+holding the fewest keys (`--assignment-mode min_group`), a request without one at random.
 """
 from __future__ import annotations
 
@@ -21,7 +24,8 @@ from cluster.cores import available_cores, split_cores
 from cluster.processes import spawn, stop, wait_http
 
 ROOT = Path(__file__).resolve().parent.parent
-POLICIES = ("cache_aware", "round_robin", "random", "power_of_two")
+POLICIES = ("cache_aware", "round_robin", "random", "power_of_two", "manual")
+ROUTING_KEY_HEADER = "x-smg-routing-key"   # what the manual policy routes by
 
 
 @dataclass
@@ -93,11 +97,14 @@ def router_command(spec: ClusterSpec) -> list[str]:
     if spec.policy not in POLICIES:
         raise ValueError(f"policy must be one of {', '.join(POLICIES)}")
     metrics_port = spec.metrics_port or spec.port + 1000
+    extra = list(spec.router_args)
+    if spec.policy == "manual" and "--assignment-mode" not in extra:
+        extra += ["--assignment-mode", "min_group"]   # new keys spread evenly over the workers
     return [sys.executable, "-m", "sglang_router.launch_router",
             "--host", spec.host, "--port", str(spec.port),
             "--worker-urls", *spec.worker_urls(), "--policy", spec.policy,
             "--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics_port),
-            "--log-level", spec.router_log_level, *spec.router_args]
+            "--log-level", spec.router_log_level, *extra]
 
 
 class Cluster:

@@ -225,15 +225,17 @@ def test_compare_against_llama_server_tiny(tmp_path):
 
 def test_cluster_compares_cache_aware_and_round_robin_routing(tmp_path):
     out = tmp_path / "cluster.json"
-    proc = bench("cluster", "--quick", "--result-file", str(out))
+    proc = bench("cluster", "--quick", "--policies", "cache_aware,round_robin,manual",
+                 "--result-file", str(out))
     r = json.loads(out.read_text())
-    assert set(r["summary"]) == {"cache_aware", "round_robin"}
+    assert set(r["summary"]) == {"cache_aware", "round_robin", "manual"}
     for policy, (run,) in r["runs"].items():
         assert run["completed"] + run["failed"] == run["sent"] == 8 and run["failed"] == 0
         assert sum(run["requests_per_replica"]) == 8
         assert 0 < run["prefix_hit_rate"] < 1
     assert r["runs"]["round_robin"][0]["requests_per_replica"] == [4, 4]
     assert "cache_aware / round_robin throughput" in proc.stdout
+    assert "manual / round_robin throughput" in proc.stdout
 
 
 def test_paired_alternates_slices_and_reports_ratios(server_url, tmp_path):

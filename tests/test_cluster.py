@@ -2,17 +2,20 @@
 Makefile target a user runs; answers checked against a replica asked directly."""
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import psutil
 import pytest
 from openai import OpenAI
 
-from cluster.launch import free_cluster_port
+from benchmarks.cluster import replica_counters
+from cluster.launch import ROUTING_KEY_HEADER, free_cluster_port
 from tests.server_proc import ROOT, SMOLLM2_NAME
 
 TINY = {"PAGEDLLAMA_N_CTX": "512", "PAGEDLLAMA_MAX_SEQS": "4", "PAGEDLLAMA_CACHE_SEQS": "4",
@@ -34,11 +37,11 @@ def wait_ready(url: str, proc: subprocess.Popen, timeout: float = 180) -> None:
     raise AssertionError("the cluster did not become ready")
 
 
-@pytest.fixture(scope="module")
-def cluster():
+@contextlib.contextmanager
+def running_cluster(policy: str):
     port = free_cluster_port(2)
     proc = subprocess.Popen(
-        ["make", "--no-print-directory", "cluster", "REPLICAS=2", "ROUTER_POLICY=cache_aware",
+        ["make", "--no-print-directory", "cluster", "REPLICAS=2", f"ROUTER_POLICY={policy}",
          f"PORT={port}", "HOST=127.0.0.1"],
         cwd=ROOT, env={**os.environ, **TINY}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         text=True, start_new_session=True)
@@ -50,6 +53,12 @@ def cluster():
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGTERM)
             proc.wait(timeout=60)
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    with running_cluster("cache_aware") as c:
+        yield c
 
 
 def server_pid(port: int) -> int:
@@ -114,6 +123,48 @@ def test_requests_sharing_a_prefix_stay_on_the_replica_that_cached_it(cluster):
     # the first computes the shared system prompt; cache-aware routing sends the others to the
     # replica that holds it (round robin would send every other one to a cold replica)
     assert all(c >= 64 for c in cached[1:]), cached
+
+
+def _served(replicas: list[str]) -> list[float]:
+    return [c["pagedllama:request_success_total"] for c in replica_counters(replicas)]
+
+
+def _running(url: str) -> int:
+    ctxs = next(iter(httpx.get(f"{url}/health").json()["models"].values()))["contexts"]
+    return sum(c["running"] for c in ctxs)
+
+
+def test_the_manual_policy_keeps_each_routing_key_on_one_replica_and_spreads_the_keys():
+    """ROUTER_POLICY=manual: the client names the prefix (x-smg-routing-key); a key sticks to
+    the replica it first went to, and a new key arriving while the first is in flight goes to
+    the other replica (the one with fewer keys)."""
+    def ask_key(key: str, city: str, max_tokens: int = 4):
+        return client(c["url"]).chat.completions.create(
+            model=SMOLLM2_NAME, max_tokens=max_tokens, temperature=0,
+            extra_headers={ROUTING_KEY_HEADER: key}, extra_body={"ignore_eos": True},
+            messages=[{"role": "system", "content": SYSTEM},
+                      {"role": "user", "content": f"Where is {city}?"}])
+
+    with running_cluster("manual") as c, ThreadPoolExecutor(1) as pool:
+        replicas = c["replicas"]
+        long_a = pool.submit(ask_key, "tenant-a", "Lisbon", 256)   # in flight while b arrives
+        deadline = time.monotonic() + 60
+        while not any(_running(r) for r in replicas):
+            assert time.monotonic() < deadline and not long_a.done()
+            time.sleep(0.05)
+        a_replica = next(i for i, r in enumerate(replicas) if _running(r))
+        before = _served(replicas)
+        for city in ("Oslo", "Quito", "Hanoi"):
+            assert ask_key("tenant-b", city).choices[0].finish_reason == "length"
+        b_served = [a - b for a, b in zip(_served(replicas), before)]
+        assert not long_a.done(), "the first request ended before the second key was placed"
+        assert long_a.result().usage.completion_tokens == 256
+        before = _served(replicas)
+        for city in ("Lima", "Accra"):
+            ask_key("tenant-a", city)
+        a_served = [a - b for a, b in zip(_served(replicas), before)]
+    assert b_served[1 - a_replica] == 3 and b_served[a_replica] == 0, (a_replica, b_served)
+    assert a_served[a_replica] == 2 and a_served[1 - a_replica] == 0, (a_replica, a_served)
 
 
 def test_each_replica_has_one_core_and_one_thread_with_the_governor_off(cluster):

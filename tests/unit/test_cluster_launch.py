@@ -38,3 +38,12 @@ def test_the_router_is_given_every_replica_and_the_policy():
 def test_an_unknown_policy_is_refused():
     with pytest.raises(ValueError):
         router_command(ClusterSpec(policy="fastest"))
+
+
+def test_the_manual_policy_spreads_new_routing_keys_evenly_unless_told_otherwise():
+    cmd = router_command(ClusterSpec(policy="manual"))
+    assert cmd[cmd.index("--assignment-mode") + 1] == "min_group"
+    cmd = router_command(ClusterSpec(policy="manual", router_args=["--assignment-mode", "min_load"]))
+    assert cmd.count("--assignment-mode") == 1
+    assert cmd[cmd.index("--assignment-mode") + 1] == "min_load"
+    assert "--assignment-mode" not in router_command(ClusterSpec(policy="cache_aware"))
