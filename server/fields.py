@@ -45,14 +45,30 @@ def unsupported(field: str, why: str = "is not supported by this server") -> API
 
 
 def check_fields(body: BaseModel, unsupported_fields: frozenset[str]) -> None:
-    """Raise a 400 for the first extra field that is neither harmless nor neutral."""
+    """Raise a 400 for the first extra field that is neither harmless nor neutral, the
+    request's own or its `stream_options`' ("stream_options.include_obfuscation" names one)."""
     for name, value in (body.model_extra or {}).items():
         if name in HARMLESS or _neutral(name, value):
             continue
         if name in unsupported_fields:
             raise unsupported(name)
-        raise unsupported(name, "is not a field this server knows; it is refused rather than "
-                                "ignored, because ignoring it could silently change the answer")
+        raise unsupported(name, _UNKNOWN)
+    check_stream_options(body)
+
+
+def check_stream_options(body: BaseModel) -> None:
+    """Raise a 400 for an unknown `stream_options` key (named "stream_options.<key>")."""
+    options = getattr(body, "stream_options", None)
+    for name, value in ((options.model_extra or {}).items() if options is not None else ()):
+        if value is None or (name == "include_obfuscation" and value is False):
+            continue   # we never pad deltas with obfuscation: false is what we do anyway
+        raise unsupported(f"stream_options.{name}",
+                          "is not supported by this server" if name == "include_obfuscation"
+                          else _UNKNOWN)
+
+
+_UNKNOWN = ("is not a field this server knows; it is refused rather than ignored, because "
+            "ignoring it could silently change the answer")
 
 
 def _neutral(name: str, value: Any) -> bool:

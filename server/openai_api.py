@@ -106,10 +106,11 @@ def _check_n(body: SamplingFields, svc: Service, lm: LoadedModel) -> None:
 def _format(kind: Kind, lm: LoadedModel, body: SamplingFields, echo: list[str] | None = None,
             num_prompts: int = 1, tools: bool = False) -> OpenAIFormat:
     prefix = "chatcmpl-" if kind == "chat" else "cmpl-"
-    include_usage = bool(body.stream and body.stream_options and body.stream_options.include_usage)
+    options = body.stream_options if body.stream else None
     return OpenAIFormat(kind, lm.name, prefix + uuid.uuid4().hex[:24], int(time.time()),
-                        body.stream, include_usage, echo or [], tools, body.n,
-                        body.n * num_prompts)
+                        body.stream, bool(options and options.include_usage), echo or [], tools,
+                        body.n, body.n * num_prompts,
+                        bool(options and options.continuous_usage_stats))
 
 
 async def _respond(svc: Service, gen: Generation, fmt: OpenAIFormat):
@@ -123,7 +124,16 @@ async def _stream(svc: Service, gen: Generation, fmt: OpenAIFormat) -> AsyncIter
     """Every chunk carries its choice's index. With tools, a choice's text is held back until
     its end: only then can it be told apart from a call (the fallback format), and the calls go
     out as OpenAI's tool-call deltas. A completions echo goes out with its choice's first event,
-    when the prompt's logprobs (if asked) are known."""
+    when the prompt's logprobs (if asked) are known. With continuous_usage_stats every chunk
+    carries the usage so far (completion tokens: those delivered up to that chunk)."""
+    delivered = 0
+    if fmt.continuous_usage:
+        def usage_now() -> dict:
+            u = usage(gen.reqs)
+            u["completion_tokens"] = delivered
+            u["total_tokens"] = u["prompt_tokens"] + delivered
+            return u
+        fmt.usage_now = usage_now
     for chunk in fmt.opening_chunks():
         yield chunk
     held: dict[int, list[str]] = defaultdict(list)
@@ -134,6 +144,7 @@ async def _stream(svc: Service, gen: Generation, fmt: OpenAIFormat) -> AsyncIter
             yield sse(error_body(status, event.error, code))
             yield sse("[DONE]")
             return
+        delivered += event.num_tokens
         i = event.index
         if i not in started:
             started.add(i)

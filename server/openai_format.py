@@ -4,6 +4,7 @@ Choices are indexed prompt_i * n + j (n choices per prompt, as OpenAI numbers th
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
@@ -60,6 +61,8 @@ class OpenAIFormat:
     tools: bool = False                # chat with tools: calls are parsed out of the text
     n: int = 1                         # choices per prompt
     num_choices: int = 1               # n times the number of prompts
+    continuous_usage: bool = False     # stream_options.continuous_usage_stats: usage per chunk
+    usage_now: Callable[[], dict] | None = field(default=None, repr=False)   # set by the stream
 
     def echo_of(self, index: int) -> str:
         """The text put before choice `index` (completions echo: its prompt)."""
@@ -160,7 +163,9 @@ class OpenAIFormat:
         choice.update(logprobs=logprobs, finish_reason=finish)
         payload = {"id": self.id, "object": self.chunk_object, "created": self.created,
                    "model": self.model, "choices": [choice]}
-        if self.include_usage:
+        if self.usage_now is not None:
+            payload["usage"] = self.usage_now()
+        elif self.include_usage:
             payload["usage"] = None
         return sse(payload)
 

@@ -31,6 +31,7 @@ from pydantic import ConfigDict, Field
 from engine import Request, Worker
 from scheduler import FinishReason
 from server.errors import APIError, error_body
+from server.fields import check_stream_options
 from server.openapi import ERROR_RESPONSES, RESPONSES_STREAMED
 from server.schemas import INT32_MAX, Bool, Int, SamplingFields
 from server.service import Service, error_status
@@ -89,6 +90,10 @@ def reject_unsupported(body: ResponsesRequest) -> None:
                           "in 'input'")
     if body.background:
         raise unsupported("background", "responses are computed while the request is open")
+    check_stream_options(body)
+    if body.stream_options and body.stream_options.continuous_usage_stats:
+        raise unsupported("stream_options.continuous_usage_stats",
+                          "a response's usage comes once, in response.completed")
 
 
 def constraints(body: ResponsesRequest, model) -> tuple[ToolUse, str | None]:

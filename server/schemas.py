@@ -105,7 +105,11 @@ class SamplingFields(Body):
 
 
 class StreamOptions(BaseModel):
+    # unknown options are kept so that server/fields.py can refuse them by name
+    model_config = ConfigDict(extra="allow")
+
     include_usage: Bool = False
+    continuous_usage_stats: Bool = False   # vLLM's and SGLang's: usage in every chunk
 
 
 class UnsupportedContent(ValueError):

@@ -177,6 +177,15 @@ def test_store_true_is_a_400_because_the_server_is_stateless(sdk):
     assert exc.value.body["param"] == "store"
 
 
+@pytest.mark.parametrize("options,param", [
+    ({"continuous_usage_stats": True}, "stream_options.continuous_usage_stats"),
+    ({"chunk_size": 4}, "stream_options.chunk_size")])
+def test_a_stream_option_a_response_does_not_honour_is_a_400_naming_it(sdk, options, param):
+    with pytest.raises(openai.BadRequestError) as exc:
+        respond(sdk, stream=True, stream_options=options)
+    assert exc.value.body["param"] == param
+
+
 # ---- assistant prefill -------------------------------------------------------------------------
 PREFILL = [{"role": "user", "content": "What is the capital of France?"},
            {"role": "assistant", "content": "The capital of France is"}]

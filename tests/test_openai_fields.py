@@ -49,6 +49,38 @@ def test_an_image_content_part_is_a_400_naming_messages(client, model_name):
     assert error_of(exc)["code"] == "unsupported_parameter" and error_of(exc)["param"] == "messages"
 
 
+@pytest.mark.parametrize("options,param", [
+    ({"include_usage": True, "shards": 2}, "stream_options.shards"),
+    ({"include_obfuscation": True}, "stream_options.include_obfuscation")])
+def test_a_stream_option_we_do_not_implement_is_a_400_naming_it(client, model_name, options,
+                                                                param):
+    with pytest.raises(openai.BadRequestError) as exc:
+        ask(client, model_name, max_tokens=2, stream=True, stream_options=options)
+    assert error_of(exc)["code"] == "unsupported_parameter" and error_of(exc)["param"] == param
+
+
+def test_continuous_usage_stats_put_the_usage_so_far_in_every_chunk(client, model_name):
+    """vLLM's stream_options.continuous_usage_stats (guidellm sends it): every chunk carries
+    the usage so far; include_obfuscation false is what we do anyway and is accepted."""
+    chunks = list(ask(client, model_name, max_tokens=12, stream=True, stream_options={
+        "include_usage": True, "continuous_usage_stats": True, "include_obfuscation": False}))
+    assert all(c.usage is not None for c in chunks)
+    *body, last = chunks
+    assert last.choices == [] and last.usage.completion_tokens == 12
+    done = [c.usage.completion_tokens for c in body]
+    assert done == sorted(done) and done[0] == 0 and done[-1] == 12
+    assert {c.usage.prompt_tokens for c in chunks} == {last.usage.prompt_tokens}
+    assert all(c.usage.total_tokens == c.usage.prompt_tokens + c.usage.completion_tokens
+               for c in chunks)
+    assert sum(1 for c in body if c.choices and c.choices[0].delta.content) >= 2
+
+
+def test_without_continuous_usage_stats_chunks_carry_no_usage(client, model_name):
+    chunks = list(ask(client, model_name, max_tokens=4, stream=True,
+                      stream_options={"include_usage": True}))
+    assert [c.usage is None for c in chunks] == [True] * (len(chunks) - 1) + [False]
+
+
 # ---- structured output ---------------------------------------------------------------------------
 def test_json_object_output_parses(client, model_name):
     resp = client.chat.completions.create(
