@@ -93,14 +93,19 @@ def random_dataset(n: int, input_len: int, cal: Calibration, seed: int,
 def shared_prefix_dataset(n: int, input_len: int, prefix_len: int, num_prefixes: int,
                           cal: Calibration, seed: int) -> list[Conversation]:
     """Each request: one of num_prefixes system prompts (~prefix_len tokens) plus a short unique
-    question (~input_len tokens, chat-template overhead included)."""
+    question (~input_len tokens, chat-template overhead included). Every prompt gets the same
+    number of requests (n // num_prefixes; the first n % num_prefixes one more), in an order
+    shuffled by the seed, as vLLM's prefix-repetition and SGLang's generated-shared-prefix
+    workloads do: with a random draw per request one prompt could get 22 of 64 requests and
+    another 10, and a run would measure that draw as much as the caching and routing."""
     rng = _rng("shared-prefix", seed, n, input_len, prefix_len, num_prefixes)
     prefixes = [f"Document {i + 1}. " + random_text(rng, cal.words_for(prefix_len, False))
                 for i in range(num_prefixes)]
     q_words = cal.words_for(input_len)
+    order = [i % num_prefixes for i in range(n)]
+    rng.shuffle(order)
     out = []
-    for i in range(n):
-        k = rng.randrange(num_prefixes)
+    for k in order:
         out.append(Conversation([question(rng, q_words)], system=prefixes[k], plain=True,
                                 tag=f"prefix-{k}"))
     return out
