@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import statistics
 import sys
 
@@ -44,6 +45,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--num-prompts", type=int, default=64)
     p.add_argument("--concurrency", type=int, default=16)
     p.add_argument("--output-len", type=int, default=32)
+    p.add_argument("--request-rate", type=float, default=math.inf,
+                   help="requests a second, Poisson arrivals (default: inf, all at once, at "
+                        "most --concurrency in flight)")
     p.add_argument("--router-args", default="",
                    help="more sglang-router flags, e.g. '--balance-abs-threshold 8'")
     p.add_argument("--no-pin", action="store_true", help="do not pin replicas to their cores")
@@ -88,6 +92,7 @@ async def _workload(url: str, model: str, args, seed: int, policy: str) -> dict:
     # the manual policy routes by a key the client names: here the system prompt's tag
     headers_for = ((lambda conv: {ROUTING_KEY_HEADER: conv.tag}) if policy == "manual" else None)
     report, _ = await run_workload(url, ENDPOINT, model, convs, max_concurrency=args.concurrency,
+                                   request_rate=args.request_rate,
                                    output_len=args.output_len, ignore_eos=True, seed=seed,
                                    desc="shared-prefix", headers_for=headers_for)
     report.pop("requests", None)
@@ -140,7 +145,9 @@ def summary_table(summary: dict, args) -> str:
     lines = [f"{args.replicas} replicas x {args.threads} thread(s) behind sglang-router; "
              f"{args.num_prefixes} x ~{args.shared_len}-token prefixes, {args.num_prompts} "
              f"requests, {args.concurrency} concurrent, {args.output_len} out; median of "
-             f"{args.rounds} round(s)",
+             f"{args.rounds} round(s)"
+             + (f", Poisson arrivals at {args.request_rate:g}/s" if math.isfinite(args.request_rate)
+                else ""),
              f"{'policy':<13} {'out tok/s':>9} {'req/s':>6} {'TTFT p50':>9} {'TTFT p99':>9} "
              f"{'hit rate':>8} {'failed':>6}  requests per replica"]
     for policy, s in summary.items():
