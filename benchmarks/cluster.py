@@ -76,10 +76,19 @@ def replica_counters(urls: list[str]) -> list[dict[str, float]]:
     return out
 
 
-def thread_changes(url: str) -> int:
-    """How often the contention governor changed a replica's threads (it runs only with 2+)."""
+STEP_PARTS = ("decode_s", "plan_s", "sample_s", "deliver_s")
+
+
+def replica_health(url: str) -> dict:
+    """From a replica's /health, summed over its contexts: how often the contention governor
+    changed threads (it runs only with 2+), and the seconds its step loops spent so far inside
+    llama_decode and in their Python parts (`step_ms` holds per-step means and the step count)."""
     health = httpx.get(f"{url}/health", timeout=10, trust_env=False).json()
-    return sum(c["thread_changes"] for m in health["models"].values() for c in m["contexts"])
+    contexts = [c for m in health["models"].values() for c in m["contexts"]]
+    out = {"thread_changes": sum(c["thread_changes"] for c in contexts)}
+    for part in STEP_PARTS:
+        out[part] = sum(c["step_ms"][part] * c["step_ms"]["steps"] for c in contexts) / 1000
+    return out
 
 
 def _delta(after: list[dict], before: list[dict], name: str) -> list[float]:
@@ -108,10 +117,14 @@ def run_policy(policy: str, args, seed: int) -> dict:
     with Cluster(spec) as cluster:
         urls = [r.url for r in cluster.replicas]
         model = httpx.get(f"{urls[0]}/v1/models", trust_env=False).json()["data"][0]["id"]
-        before = replica_counters(urls)
+        before, health_before = replica_counters(urls), [replica_health(u) for u in urls]
         report = asyncio.run(_workload(spec.url, model, args, seed, policy))
-        after = replica_counters(urls)
-        report["thread_changes_per_replica"] = [thread_changes(u) for u in urls]
+        after, health_after = replica_counters(urls), [replica_health(u) for u in urls]
+    report["thread_changes_per_replica"] = [h["thread_changes"] for h in health_after]
+    # where each replica's run went: llama.cpp's compute, or the step loop's Python around it
+    report["decode_s_per_replica"] = _delta(health_after, health_before, "decode_s")
+    report["step_python_s_per_replica"] = [
+        sum(a[p] - b[p] for p in STEP_PARTS[1:]) for a, b in zip(health_after, health_before)]
     hits = sum(_delta(after, before, COUNTERS[0]))
     queries = sum(_delta(after, before, COUNTERS[1]))
     report["prefix_hit_rate"] = hits / queries if queries else 0.0
@@ -129,9 +142,16 @@ def run(args) -> dict:
             result["runs"][policy].append(report)
             print(f"round {r + 1} {policy}: {report['output_throughput']:.1f} output tok/s, hit "
                   f"rate {report['prefix_hit_rate'] * 100:.0f}%, requests per replica "
-                  f"{report['requests_per_replica']}", file=sys.stderr, flush=True)
+                  f"{report['requests_per_replica']}, llama_decode "
+                  f"{_seconds(report['decode_s_per_replica'])} and the step loop's Python "
+                  f"{_seconds(report['step_python_s_per_replica'])} of a "
+                  f"{report['duration_s']:.1f} s run", file=sys.stderr, flush=True)
     result["summary"] = {p: _median_of(runs) for p, runs in result["runs"].items()}
     return result
+
+
+def _seconds(values: list[float]) -> str:
+    return " / ".join(f"{v:.1f}" for v in values) + " s"
 
 
 def _median_of(runs: list[dict]) -> dict:

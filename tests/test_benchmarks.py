@@ -233,6 +233,12 @@ def test_cluster_compares_cache_aware_and_round_robin_routing(tmp_path):
         assert run["completed"] + run["failed"] == run["sent"] == 8 and run["failed"] == 0
         assert sum(run["requests_per_replica"]) == 8
         assert 0 < run["prefix_hit_rate"] < 1
+        # each replica's time in llama_decode, from its /health: within the run, and some in
+        # all (cache-aware routing may leave a replica idle in so small a run)
+        assert len(run["decode_s_per_replica"]) == 2
+        assert all(0 <= d <= run["duration_s"] + 0.5 for d in run["decode_s_per_replica"])
+        assert sum(run["decode_s_per_replica"]) > 0
+        assert all(p >= 0 for p in run["step_python_s_per_replica"])
     assert r["runs"]["round_robin"][0]["requests_per_replica"] == [4, 4]
     assert "cache_aware / round_robin throughput" in proc.stdout
     assert "manual / round_robin throughput" in proc.stdout
