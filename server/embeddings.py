@@ -13,6 +13,7 @@ from fastapi import APIRouter, Request as HTTPRequest
 from pydantic import ConfigDict, Field
 
 from server.errors import APIError
+from server.fields import check_fields
 from server.model_routes import check_tokens
 from server.openapi import ERROR_RESPONSES
 from server.schemas import Body, Int
@@ -23,11 +24,13 @@ MAX_INPUTS = 2048
 
 
 class EmbeddingRequest(Body):
-    model_config = ConfigDict(extra="ignore")
+    # unknown fields are kept so that server/fields.py can refuse them by name (vLLM's
+    # `truncate_prompt_tokens` or `normalize` would change the vectors)
+    model_config = ConfigDict(extra="allow")
 
     model: str
     input: str | list[str] | list[Int] | list[list[Int]]
-    encoding_format: Literal["float", "base64"] = "float"
+    encoding_format: Literal["float", "base64"] | None = None   # None: float
     dimensions: Int | None = Field(None, ge=1)
 
 
@@ -70,6 +73,7 @@ def _encode(vec: np.ndarray, fmt: str) -> list[float] | str:
 
 @router.post("/embeddings")
 async def embeddings(body: EmbeddingRequest, http: HTTPRequest) -> dict:
+    check_fields(body, frozenset())
     svc: Service = http.app.state.service
     lm = svc.get(body.model)
     if body.dimensions is not None and body.dimensions != lm.embedder.n_embd:
@@ -81,6 +85,6 @@ async def embeddings(body: EmbeddingRequest, http: HTTPRequest) -> dict:
                                          lambda: [lm.embedder.embed(t) for t in inputs])
     n_tokens = sum(len(t) for t in inputs)
     return {"object": "list", "model": lm.name,
-            "data": [{"object": "embedding", "index": i, "embedding": _encode(v, body.encoding_format)}
+            "data": [{"object": "embedding", "index": i, "embedding": _encode(v, body.encoding_format or "float")}
                      for i, v in enumerate(vectors)],
             "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens}}

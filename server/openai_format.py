@@ -23,6 +23,13 @@ def openai_finish(reason: FinishReason | None) -> str | None:
     return reason.value if reason else None
 
 
+def calls_finish(calls: list, reason: FinishReason | None) -> str | None:
+    """finish_reason for an answer with tool calls parsed out of it: "tool_calls", unless the
+    answer was cut off ("length": the limit ended it, maybe inside a further call)."""
+    finish = openai_finish(reason)
+    return "tool_calls" if calls and finish != FinishReason.LENGTH.value else finish
+
+
 def usage(reqs: Request | list[Request]) -> dict:
     """Usage of one request, or of the first choice of each prompt: every prompt counts once,
     every choice's (fork's) completion tokens count."""
@@ -63,6 +70,8 @@ class OpenAIFormat:
     num_choices: int = 1               # n times the number of prompts
     continuous_usage: bool = False     # stream_options.continuous_usage_stats: usage per chunk
     usage_now: Callable[[], dict] | None = field(default=None, repr=False)   # set by the stream
+    # streamed completions: per choice, the text offset its next token's logprobs start at
+    _offsets: dict[int, int] = field(default_factory=dict, repr=False)
 
     def echo_of(self, index: int) -> str:
         """The text put before choice `index` (completions echo: its prompt)."""
@@ -104,7 +113,7 @@ class OpenAIFormat:
         if not calls:
             return {"role": "assistant", "content": text}, openai_finish(finish)
         return ({"role": "assistant", "content": text or None,
-                 "tool_calls": [c.openai() for c in calls]}, "tool_calls")
+                 "tool_calls": [c.openai() for c in calls]}, calls_finish(calls, finish))
 
     def _logprobs(self, items: list[TokenLogprob] | None, offset: int = 0,
                   prompt: list[TokenLogprob] | None = None) -> dict | None:
@@ -131,8 +140,16 @@ class OpenAIFormat:
 
     def text_chunk(self, text: str, logprobs: list[TokenLogprob] | None = None,
                    index: int = 0) -> bytes:
-        return self._chunk({"content": text} if self.chat else text, None,
-                           self._logprobs(logprobs), index)
+        """Completions' text_offset counts from the start of the choice's text (its echo
+        included) across chunks, as in the whole response."""
+        lps = None
+        if logprobs and not self.chat:
+            at = self._offsets.get(index, len(self.echo_of(index)))
+            lps = completion_logprobs(logprobs, at)
+            self._offsets[index] = at + sum(map(len, lps["tokens"]))
+        elif logprobs:
+            lps = chat_logprobs(logprobs)
+        return self._chunk({"content": text} if self.chat else text, None, lps, index)
 
     def finish_chunk(self, finish: FinishReason, index: int = 0) -> bytes:
         return self._chunk({} if self.chat else "", openai_finish(finish), index=index)
@@ -150,8 +167,7 @@ class OpenAIFormat:
             chunks.append(self._chunk({"tool_calls": [head]}, None, index=index))
             chunks.append(self._chunk({"tool_calls": [
                 {"index": i, "function": {"arguments": call.arguments}}]}, None, index=index))
-        reason = "tool_calls" if calls else openai_finish(finish)
-        return chunks + [self._chunk({}, reason, index=index)]
+        return chunks + [self._chunk({}, calls_finish(calls, finish), index=index)]
 
     def usage_chunk(self, usage: dict) -> bytes:
         return sse({"id": self.id, "object": self.chunk_object, "created": self.created,

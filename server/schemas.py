@@ -60,6 +60,9 @@ class Body(BaseModel):
         return data
 
 
+_NULLABLE = ("n", "stream", "echo")
+
+
 class SamplingFields(Body):
     # Unknown fields are kept (model_extra) so that server/fields.py can refuse them by name.
     model_config = ConfigDict(extra="allow")
@@ -86,6 +89,14 @@ class SamplingFields(Body):
     json_schema: dict[str, Any] | None = None
     grammar: str | None = None
     logit_bias: dict[str, Float] | None = None    # token id (as a string) -> bias in [-100, 100]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_the_default(cls, data: Any) -> Any:
+        """OpenAI's spec lets `n`, `stream` and `echo` be null: the same as leaving them out."""
+        if isinstance(data, dict) and any(data.get(k, 0) is None for k in _NULLABLE):
+            data = {k: v for k, v in data.items() if not (k in _NULLABLE and v is None)}
+        return data
 
     @field_validator("stop")
     @classmethod

@@ -218,7 +218,9 @@ def _render(m: dict) -> dict:
 
 # ---- answer side ---------------------------------------------------------------------------------
 def parse_tool_calls(text: str) -> tuple[str, list[ToolCall]]:
-    """The text outside tagged calls, and the calls whose JSON parses (others stay in the text)."""
+    """The text outside tagged calls, and the calls whose JSON parses (others stay in the text).
+    A call the answer ends inside (cut off by max_tokens or a stop string before its closing
+    tag) is left out of the text too: it is call markup, not an answer."""
     calls, kept, last = [], [], 0
     for match in _CALL.finditer(text):
         call = _call(match.group(1))
@@ -227,8 +229,14 @@ def parse_tool_calls(text: str) -> tuple[str, list[ToolCall]]:
         kept.append(text[last:match.start()])
         last = match.end()
         calls.append(call)
-    kept.append(text[last:])
+    rest = text[last:]
+    cut = rest.rfind(OPEN)
+    if cut >= 0 and CLOSE not in rest[cut:]:
+        kept.append(rest[:cut])
+        return "".join(kept).strip(), calls
+    kept.append(rest)
     return "".join(kept).strip() if calls else text, calls
+
 
 
 def _call(body: str) -> ToolCall | None:

@@ -120,6 +120,22 @@ def test_a_dimensions_other_than_the_models_is_a_400_unsupported_parameter(sdk):
     assert exc.value.body["param"] == "dimensions"
 
 
+@pytest.mark.parametrize("field,value", [("truncate_prompt_tokens", 2), ("normalize", False),
+                                         ("foo", 1)])
+def test_an_unknown_embeddings_field_is_a_400_naming_it(sdk, field, value):
+    """vLLM's extensions would change the vectors: refused, not ignored ("user" is harmless)."""
+    with pytest.raises(openai.BadRequestError) as exc:
+        sdk.embeddings.create(model=MODEL, input="a b c d e", extra_body={field: value})
+    assert exc.value.body["code"] == "unsupported_parameter" and exc.value.body["param"] == field
+    assert sdk.embeddings.create(model=MODEL, input="hi", user="u1").data
+
+
+def test_a_null_encoding_format_means_float(base):
+    resp = httpx.post(f"{base}/v1/embeddings",
+                      json={"model": MODEL, "input": "hi", "encoding_format": None})
+    assert resp.status_code == 200 and isinstance(resp.json()["data"][0]["embedding"], list)
+
+
 def test_an_empty_input_string_is_a_400(base):
     err = error_of(httpx.post(f"{base}/v1/embeddings", json={"model": MODEL, "input": ""}), 400)
     assert err["param"] == "input"

@@ -243,6 +243,21 @@ def test_completions_logprobs_are_parallel_lists(client, model_name):
     assert "".join(lp.tokens) == resp.choices[0].text and lp.text_offset[0] == 0
 
 
+def test_streamed_completions_logprobs_have_the_offsets_of_the_whole_answer(client, model_name):
+    kw = dict(model=model_name, prompt="The sky is", max_tokens=4, temperature=0, logprobs=1,
+              extra_body={"ignore_eos": True})
+    whole = client.completions.create(**kw).choices[0].logprobs
+    offsets = [o for c in client.completions.create(stream=True, **kw)
+               if c.choices and c.choices[0].logprobs for o in c.choices[0].logprobs.text_offset]
+    assert offsets == whole.text_offset and offsets[1] == len(whole.tokens[0])
+
+
+def test_null_n_stream_and_echo_mean_their_defaults(client, model_name):
+    kw = dict(model=model_name, prompt="Hi", max_tokens=2, temperature=0)
+    resp = client.completions.create(**kw, extra_body={"n": None, "stream": None, "echo": None})
+    assert [c.text for c in resp.choices] == [client.completions.create(**kw).choices[0].text]
+
+
 def test_top_logprobs_above_20_is_a_400(server_url, model_name):
     resp = httpx.post(f"{server_url}/v1/chat/completions", json={
         "model": model_name, "messages": [{"role": "user", "content": "hi"}],

@@ -97,3 +97,40 @@ def test_usage_counts_every_choice_and_each_prompt_once():
     first.group = [first, a, b]
     u = usage([first])
     assert (u["prompt_tokens"], u["completion_tokens"], u["total_tokens"]) == (2, 9, 11)
+
+
+# ---- a call cut off by max_tokens ------------------------------------------------------------
+CUT = CALL + '\n<tool_call>\n{"name": "f", "argu'
+
+
+def test_a_call_cut_off_by_the_limit_is_not_content_and_the_finish_says_length():
+    choice = answer(fmt(tools=True), CUT, FinishReason.LENGTH)["choices"][0]
+    assert choice["finish_reason"] == "length" and choice["message"]["content"] is None
+    assert [c["function"]["name"] for c in choice["message"]["tool_calls"]] == ["f"]
+
+
+def test_streamed_a_call_cut_off_by_the_limit_ends_with_length_and_no_markup():
+    chunks = [data(c)["choices"][0] for c in
+              fmt(tools=True).closing_chunks(CUT, FinishReason.LENGTH)]
+    assert not any("<tool_call" in (c["delta"].get("content") or "") for c in chunks)
+    assert len([c for c in chunks if "tool_calls" in c["delta"]]) == 2   # name, then arguments
+    assert chunks[-1]["finish_reason"] == "length"
+
+
+def test_an_answer_cut_inside_its_only_call_is_empty_with_length():
+    choice = answer(fmt(tools=True), 'Sure. <tool_call>{"na', FinishReason.LENGTH)["choices"][0]
+    assert choice["message"] == {"role": "assistant", "content": "Sure."}
+    assert choice["finish_reason"] == "length"
+
+
+# ---- streamed completions logprobs: offsets run on across chunks ------------------------------
+def test_streamed_text_offsets_continue_from_the_echo_and_across_chunks():
+    f = fmt(kind="completion", echo=["Q: "], n=2, num_choices=2)
+    offsets = {0: [], 1: []}
+    for index, text in [(0, "ab"), (1, "x"), (0, "c"), (1, "yz")]:
+        choice = data(f.text_chunk(text, [piece(text, -0.1)], index))["choices"][0]
+        offsets[index] += choice["logprobs"]["text_offset"]
+    assert offsets == {0: [3, 5], 1: [3, 4]}
+    whole = f.response([Collected("abc", FinishReason.STOP, [piece("ab", -0.1), piece("c", -0.1)])],
+                       usage(REQ))["choices"][0]["logprobs"]["text_offset"]
+    assert whole == offsets[0]

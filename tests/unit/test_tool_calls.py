@@ -90,3 +90,14 @@ def test_calls_grammar_names_every_allowed_function():
     assert "weather" in calls_grammar(fns, parallel=True)
     assert not accepts(calls_grammar(fns, parallel=True),
                        '<tool_call>{"name": "other", "arguments": {"city": "Oslo"}}</tool_call>')
+
+
+def test_a_call_the_answer_ends_inside_is_left_out_of_the_text():
+    text, calls = parse_tool_calls('<tool_call>{"name": "f", "arguments": {}}</tool_call>\n'
+                                   '<tool_call>\n{"name": "f", "arguments": {"ci')
+    assert text == "" and [c.name for c in calls] == ["f"]
+    text, calls = parse_tool_calls('I will look. <tool_call>{"name"')
+    assert text == "I will look." and calls == []
+    # a complete block whose JSON does not parse is still text, as before
+    assert parse_tool_calls("<tool_call>not json</tool_call>") == (
+        "<tool_call>not json</tool_call>", [])
