@@ -56,13 +56,26 @@ def _describe(exc: RequestValidationError) -> tuple[str, str | None, str]:
         return "request body is not valid JSON", None, "invalid_json"
     if first.get("type") == "invalid_unicode":
         return first["msg"], first["ctx"]["where"], "invalid_unicode"
-    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+    # pydantic names the member of a union it tried ("stop.str", "prompt.list[int].0"): not a
+    # field of the request, so left out of the name
+    loc = [str(p) for p in first.get("loc", ()) if p != "body" and not _union_member(p)]
     where = ".".join(loc)
     code = "invalid_value" if where else "invalid_json"
     if first.get("type") == "missing":
-        return f"missing required field '{where}'", where or None, code
+        if not where:
+            return "the request body is missing (a JSON object is expected)", None, code
+        return f"missing required field '{where}'", where, code
     message = first.get("msg", "invalid value")
     return (f"{where}: {message}" if where else message), where or None, code
+
+
+def _union_member(part) -> bool:
+    return isinstance(part, str) and (part in ("str", "int", "float", "bool", "dict", "list")
+                                      or "[" in part)
+
+
+# what FastAPI says when it cannot read the body as JSON at all (not UTF-8, nested too deep)
+_UNPARSABLE = "There was an error parsing the body"
 
 
 def install(app: FastAPI) -> None:
@@ -77,6 +90,9 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException):
+        if exc.status_code == 400 and exc.detail == _UNPARSABLE:
+            return error_response(400, "request body is not valid JSON (UTF-8 text, nested "
+                                  "within the parser's depth limit)", "invalid_json")
         return error_response(exc.status_code, str(exc.detail), None, None,
                               getattr(exc, "headers", None))
 

@@ -56,6 +56,15 @@ def check_fields(body: BaseModel, unsupported_fields: frozenset[str]) -> None:
     check_stream_options(body)
 
 
+def check_keys(obj: dict, allowed: frozenset[str], where: str) -> None:
+    """Raise a 400 for a key of this nested object (a response format, a tool) that no spec we
+    know names, as "where.key": a misspelt `schema` must not quietly turn a schema into any
+    JSON."""
+    for key in obj:
+        if key not in allowed:
+            raise unsupported(f"{where}.{key}", _UNKNOWN)
+
+
 def check_stream_options(body: BaseModel) -> None:
     """Raise a 400 for an unknown `stream_options` key (named "stream_options.<key>")."""
     options = getattr(body, "stream_options", None)

@@ -31,7 +31,7 @@ from pydantic import ConfigDict, Field
 from engine import Request, Worker
 from scheduler import FinishReason
 from server.errors import APIError, error_body
-from server.fields import check_stream_options
+from server.fields import check_keys, check_stream_options
 from server.openapi import ERROR_RESPONSES, RESPONSES_STREAMED
 from server.schemas import INT32_MAX, Bool, Int, SamplingFields
 from server.service import Service, error_status
@@ -44,8 +44,9 @@ _TEXT_PARTS = {"input_text", "output_text", "text"}
 _CHAT_ONLY = ("response_format", "json_schema", "grammar")
 # Accepted and ignored: they label or route a request.
 _HARMLESS = frozenset({"user", "service_tier", "safety_identifier", "prompt_cache_key",
-                       "prompt_cache_retention", "truncation", "reasoning", "include"})
+                       "prompt_cache_retention"})
 _FORMAT_FIELDS = ("type", "name", "schema", "description", "strict")
+_CHECKED = frozenset({"include", "reasoning", "truncation"})   # _check_extras
 
 
 class ResponsesRequest(SamplingFields):
@@ -75,7 +76,7 @@ def reject_unsupported(body: ResponsesRequest) -> None:
         return APIError(400, f"'{param}' is not supported: {why}", "unsupported_parameter", param)
 
     for name, value in (body.model_extra or {}).items():
-        if value not in (None, [], {}) and name not in _HARMLESS:
+        if value not in (None, [], {}) and name not in _HARMLESS | _CHECKED:
             raise unsupported(name, "this server does not implement it, and ignoring it could "
                               "change the answer")
     for name in _CHAT_ONLY:   # SamplingFields' chat-only fields
@@ -90,10 +91,38 @@ def reject_unsupported(body: ResponsesRequest) -> None:
                           "in 'input'")
     if body.background:
         raise unsupported("background", "responses are computed while the request is open")
+    _check_extras(body.model_extra or {}, body.text or {})
     check_stream_options(body)
     if body.stream_options and body.stream_options.continuous_usage_stats:
         raise unsupported("stream_options.continuous_usage_stats",
                           "a response's usage comes once, in response.completed")
+
+
+def _check_extras(extra: dict, text: dict) -> None:
+    """The Responses fields that only ask for nothing at their defaults: `include` (extra
+    output: logprobs, sources, ...), `reasoning` (an effort or a summary), `text.verbosity`
+    (chat's `reasoning_effort` and `verbosity` are refused as well), and `truncation`: "auto"
+    would drop the start of an input too long for the context, which is refused anyway
+    (context_length_exceeded), so both values behave alike on everything we accept."""
+    def refuse(param: str, why: str) -> APIError:
+        return APIError(400, f"'{param}' is not supported: {why}", "unsupported_parameter", param)
+
+    if extra.get("include"):
+        raise refuse("include", f"no extra output ({extra['include']!r}) is produced here")
+    reasoning = extra.get("reasoning")
+    if reasoning is not None:
+        if not isinstance(reasoning, dict):
+            raise APIError(400, "reasoning must be an object", "invalid_value", "reasoning")
+        check_keys(reasoning, frozenset({"effort", "summary", "generate_summary"}), "reasoning")
+        if any(v is not None for v in reasoning.values()):
+            raise refuse("reasoning", "the models served here have no reasoning effort or "
+                         "summary to set")
+    if extra.get("truncation") not in (None, "auto", "disabled"):
+        raise APIError(400, "truncation must be 'auto' or 'disabled'", "invalid_value",
+                       "truncation")
+    check_keys(text, frozenset({"format", "verbosity"}), "text")
+    if text.get("verbosity") not in (None, "medium"):
+        raise refuse("text.verbosity", "the output's length is set by max_output_tokens")
 
 
 def constraints(body: ResponsesRequest, model) -> tuple[ToolUse, str | None]:
@@ -270,7 +299,7 @@ class ResponseState:
                 "temperature": b.temperature, "top_p": b.top_p,
                 "text": {"format": echo_format(b.format)},
                 "tool_choice": echo_tool_choice(self.use), "tools": b.tools or [],
-                "truncation": "disabled", "usage": self.usage() if done else None,
+                "truncation": (b.model_extra or {}).get("truncation") or "disabled", "usage": self.usage() if done else None,
                 "user": None, "metadata": b.metadata or {}}
 
     def event(self, kind: str, **payload) -> bytes:

@@ -18,6 +18,7 @@ import jsonschema
 
 from engine.grammar import GrammarError, check, from_gbnf, from_json_schema, tokenizer_for
 from server.errors import APIError
+from server.fields import check_keys
 from server.schemas import SamplingFields
 
 
@@ -54,8 +55,12 @@ def text_format_grammar(fmt: Any, model) -> str | None:
     """The grammar for /v1/responses' `text.format`, or None for plain text. The Responses shape:
     `{"type": "json_schema", "name", "schema", "strict", "description"}`, no nested object."""
     kind = fmt.get("type") if isinstance(fmt, dict) else None
-    if fmt is None or kind == "text":
+    if fmt is None:
         return None
+    check_keys(fmt, _FORMAT_KEYS if kind == "json_schema" else frozenset({"type"}), "text.format")
+    if kind == "text":
+        return None
+    _check_strict(fmt.get("strict"), "text.format.strict")
     if kind == "json_object":
         return _checked(model, compile_schema({"type": "object"}, "text.format"), "text.format")
     if kind != "json_schema":
@@ -97,16 +102,33 @@ def compile_schema(schema: Any, param: str) -> str:
 
 def _response_format(fmt: dict) -> str | None:
     kind = fmt.get("type") if isinstance(fmt, dict) else None
+    if kind in ("text", "json_object", "json_schema"):
+        check_keys(fmt, frozenset({"type", "json_schema"} if kind == "json_schema" else {"type"}),
+                   "response_format")
+    if kind == "text":
+        return None
     if kind == "json_object":
         return compile_schema({"type": "object"}, "response_format")
     if kind == "json_schema":
         spec = fmt.get("json_schema")
         if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
             raise bad("response_format.json_schema",
-                      "response_format.json_schema needs a 'name' and a 'schema'")
+                      "response_format.json_schema needs a 'name' (and a 'schema')")
+        check_keys(spec, _FORMAT_KEYS - {"type"}, "response_format.json_schema")
+        _check_strict(spec.get("strict"), "response_format.json_schema.strict")
         return compile_schema(spec.get("schema", {}), "response_format.json_schema.schema")
     raise bad("response_format", "response_format.type must be 'text', 'json_object' or "
                                  f"'json_schema', not {kind!r}")
+
+
+# a JSON schema format's fields (chat: inside `json_schema`; Responses: `text.format` itself)
+_FORMAT_KEYS = frozenset({"type", "name", "description", "schema", "strict"})
+
+
+def _check_strict(strict: Any, param: str) -> None:
+    """`strict` is a boolean (or absent); any schema given is enforced either way."""
+    if strict is not None and not isinstance(strict, bool):
+        raise bad(param, f"{param} must be true or false")
 
 
 def _given(name: str, value: Any) -> bool:

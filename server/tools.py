@@ -22,6 +22,7 @@ from typing import Any
 
 from engine.grammar import GrammarError, check, closed, from_lark, json_value_lark
 from server.errors import APIError
+from server.fields import check_keys
 from server.structured import compile_schema
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
@@ -84,6 +85,7 @@ def _function(i: int, tool: Any) -> Function:
     if not isinstance(tool, dict) or tool.get("type") != "function":
         raise APIError(400, f"{where}: only tools of type 'function' are supported",
                        "unsupported_parameter", where)
+    check_keys(tool, frozenset({"type", "function"}), where)
     return _named(tool.get("function"), f"{where}.function")
 
 
@@ -94,12 +96,16 @@ def _flat_function(i: int, tool: Any) -> Function:
     if tool.get("type") != "function":
         raise APIError(400, f"{where}: tools of type {tool.get('type')!r} are not supported "
                        "(only 'function')", "unsupported_parameter", f"{where}.type")
-    return _named(tool, where)
+    return _named(tool, where, flat=True)
 
 
-def _named(fn: Any, where: str) -> Function:
+_FUNCTION_KEYS = frozenset({"name", "description", "parameters", "strict"})
+
+
+def _named(fn: Any, where: str, flat: bool = False) -> Function:
     if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
         raise APIError(400, f"{where} needs a 'name'", "invalid_value", where)
+    check_keys(fn, _FUNCTION_KEYS | {"type"} if flat else _FUNCTION_KEYS, where)
     params = fn.get("parameters") or {"type": "object", "properties": {}}
     compile_schema(params, f"{where}.parameters")   # a 400 naming it if it is invalid
     return Function(fn["name"], fn.get("description") or "", params)

@@ -97,6 +97,22 @@ def test_a_loosely_typed_field_is_a_400_naming_it(server_url, field, raw):
     assert err["param"] == field and field in err["message"]
 
 
+@pytest.mark.parametrize("body", [
+    b'{"model": "m", "prompt": "hi \xff\xfe"}',                 # not UTF-8
+    b'[' * 50_000 + b']' * 50_000,                              # nested past the parser's limit
+])
+def test_a_body_that_cannot_be_parsed_is_a_400_invalid_json(server_url, body):
+    assert error(post(server_url, "/v1/completions", body), 400)["code"] == "invalid_json"
+
+
+def test_an_empty_body_and_a_wrong_prompt_type_name_the_request_not_pydantic(server_url):
+    err = error(post(server_url, "/v1/completions", b""), 400)
+    assert err["code"] == "invalid_json" and "missing" in err["message"] and err["param"] is None
+    err = error(post(server_url, "/v1/completions", b'{"model": "%s", "prompt": 5, "stop": 7}'
+                     % M.encode()), 400)
+    assert err["param"] in ("prompt", "stop")       # not "prompt.str" or "stop.str"
+
+
 # ---- size -----------------------------------------------------------------------------------------
 def test_a_body_over_the_limit_is_a_413_before_it_is_parsed(server_url):
     not_json = b"{" * 400_000          # would be a 400 "not valid JSON" if it were parsed

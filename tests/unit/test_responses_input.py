@@ -92,6 +92,45 @@ def test_harmless_fields_are_accepted():
                             include=[], metadata={"k": "v"}))
 
 
+@pytest.mark.parametrize("fields,param,code", [
+    ({"include": ["message.output_text.logprobs"]}, "include", "unsupported_parameter"),
+    ({"reasoning": {"effort": "high"}}, "reasoning", "unsupported_parameter"),
+    ({"reasoning": {"bogus": 1}}, "reasoning.bogus", "unsupported_parameter"),
+    ({"text": {"verbosity": "low"}}, "text.verbosity", "unsupported_parameter"),
+    ({"text": {"bogus": 1}}, "text.bogus", "unsupported_parameter"),
+    ({"truncation": "bogus"}, "truncation", "invalid_value"),
+])
+def test_fields_that_would_ask_for_more_are_refused_not_ignored(fields, param, code):
+    with pytest.raises(APIError) as exc:
+        reject_unsupported(body(**fields))
+    assert (exc.value.param, exc.value.code) == (param, code)
+
+
+def test_truncation_auto_is_accepted_and_echoed():
+    """An input too long for the context is refused either way (context_length_exceeded)."""
+    b = body(truncation="auto", text={"verbosity": "medium"})
+    reject_unsupported(b)
+    state = ResponseState(b, "m", req=None, use=parse_tools(None, None, None, responses=True))
+    assert state.response()["truncation"] == "auto"
+
+
+@pytest.mark.parametrize("fmt,param", [
+    ({"type": "json_schema", "name": "x", "shema": {"type": "object"}}, "text.format.shema"),
+    ({"type": "json_object", "schema": {}}, "text.format.schema"),
+    ({"type": "json_schema", "name": "x", "schema": {}, "strict": "yes"}, "text.format.strict"),
+])
+def test_a_misspelt_or_misplaced_format_field_is_refused(fmt, param):
+    with pytest.raises(APIError) as exc:
+        constraints(body(text={"format": fmt}), model=None)
+    assert exc.value.param == param
+
+
+def test_an_unknown_key_in_a_flat_function_tool_is_refused():
+    with pytest.raises(APIError) as exc:
+        parse_tools([{**WEATHER, "strcit": True}], None, None, responses=True)
+    assert exc.value.param == "tools[0].strcit"
+
+
 @pytest.mark.parametrize("name", ["response_format", "json_schema", "grammar"])
 def test_chat_structured_output_fields_are_refused_not_ignored(name):
     with pytest.raises(APIError) as exc:
@@ -187,8 +226,9 @@ PERSON = {"type": "object", "properties": {"name": {"type": "string"}}, "require
     ({"type": "json_schema", "name": "p", "schema": {"type": 3}}, "text.format.schema"),
     ({"type": "json_schema", "name": "p", "schema": {"type": "array", "uniqueItems": True}},
      "text.format.schema"),
-    # the chat shape (schema nested under json_schema) is not the Responses one
-    ({"type": "json_schema", "json_schema": {"name": "p", "schema": PERSON}}, "text.format.name"),
+    # the chat shape (schema nested under json_schema) is not the Responses one: its key is named
+    ({"type": "json_schema", "json_schema": {"name": "p", "schema": PERSON}},
+     "text.format.json_schema"),
 ])
 def test_a_text_format_that_cannot_be_enforced_is_a_400_naming_it(fmt, param):
     with pytest.raises(APIError) as exc:

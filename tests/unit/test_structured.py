@@ -6,7 +6,8 @@ from engine.grammar import GrammarError, check, from_gbnf, from_json_schema
 from server.errors import APIError
 from server.fields import UNSUPPORTED_CHAT, check_fields
 from server.schemas import ChatCompletionRequest
-from server.structured import compile_schema
+from server.structured import compile_schema, grammar_for
+from server.tools import parse_tools
 from tests.grammar_bytes import accepts
 
 
@@ -108,3 +109,29 @@ def test_numeric_bounds_and_patterns_are_enforced_not_refused():
 
 def test_a_property_named_like_a_keyword_is_not_mistaken_for_one():
     compile_schema({"type": "object", "properties": {"minimum": {"type": "integer"}}}, "json_schema")
+
+
+@pytest.mark.parametrize("fmt,param", [
+    ({"type": "json_schema", "json_schema": {"name": "x", "shema": {"type": "object"}}},
+     "response_format.json_schema.shema"),
+    ({"type": "json_object", "json_schema": {"name": "x", "schema": {}}},
+     "response_format.json_schema"),
+    ({"type": "text", "json_schema": {"name": "x"}}, "response_format.json_schema"),
+    ({"type": "json_schema", "json_schema": {"name": "x", "schema": {}, "strict": "yes"}},
+     "response_format.json_schema.strict"),
+])
+def test_a_misspelt_or_misplaced_response_format_field_is_a_400_naming_it(fmt, param):
+    """A misspelt `schema` must not quietly turn a schema into any JSON."""
+    with pytest.raises(APIError) as exc:
+        grammar_for(chat(response_format=fmt), model=None)
+    assert exc.value.param == param
+
+
+def test_an_unknown_key_in_a_chat_tool_or_its_function_is_a_400_naming_it():
+    fn = {"name": "f", "parameters": {"type": "object"}}
+    for tool, param in [({"type": "function", "function": {**fn, "strcit": True}},
+                         "tools[0].function.strcit"),
+                        ({"type": "function", "function": fn, "extra": 1}, "tools[0].extra")]:
+        with pytest.raises(APIError) as exc:
+            parse_tools([tool], None, None)
+        assert exc.value.param == param
