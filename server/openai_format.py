@@ -216,7 +216,12 @@ def _add_logprobs(out: dict, items: list[TokenLogprob], at: int) -> None:
         out["text_offset"].append(at)
         out["tokens"].append(text)
         out["token_logprobs"].append(t.logprob)
-        # the first prompt token has nothing before it to predict it: null, as OpenAI and vLLM
-        out["top_logprobs"].append(None if t.logprob is None
-                                   else {_text(p): lp for _, p, lp in t.top})
+        # the first prompt token has nothing before it to predict it: null, as OpenAI and vLLM;
+        # otherwise the k most likely and, as OpenAI's legacy API, the chosen one (k + 1 at most)
+        if t.logprob is None:
+            out["top_logprobs"].append(None)
+        else:
+            top = {_text(p): lp for _, p, lp in t.top}
+            top.setdefault(text, t.logprob)
+            out["top_logprobs"].append(top)
         at += len(text)

@@ -63,7 +63,9 @@ class ToolUse:
         if self.choice in ("none", "auto"):
             return None
         allowed = [f for f in self.functions if self.choice in ("required", f.name)]
-        return calls_grammar(allowed, self.parallel)
+        # a named function is called once (OpenAI's forced call; vLLM's too): with parallel
+        # calls allowed, a small model would repeat the call until max_tokens
+        return calls_grammar(allowed, self.parallel and self.choice == "required")
 
 
 def parse_tools(tools: list | None, tool_choice: Any, parallel: bool | None,

@@ -134,3 +134,11 @@ def test_streamed_text_offsets_continue_from_the_echo_and_across_chunks():
     whole = f.response([Collected("abc", FinishReason.STOP, [piece("ab", -0.1), piece("c", -0.1)])],
                        usage(REQ))["choices"][0]["logprobs"]["text_offset"]
     assert whole == offsets[0]
+
+
+def test_completions_top_logprobs_hold_the_chosen_token_too():
+    """OpenAI's legacy completions: up to logprobs + 1 entries, the sampled token always in."""
+    f = fmt(kind="completion")
+    item = piece("b", -3.0, ((0, b"a", -0.1),))
+    lps = f.response([Collected("b", FinishReason.STOP, [item])], usage(REQ))["choices"][0]
+    assert lps["logprobs"]["top_logprobs"] == [{"a": -0.1, "b": -3.0}]

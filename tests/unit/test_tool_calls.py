@@ -72,6 +72,12 @@ def test_parallel_calls_may_follow_one_another():
                       '\n<tool_call>{"name": "weather", "arguments": {"city": "Rome"}}</tool_call>')
 
 
+def test_a_named_function_is_called_once_even_with_parallel_calls_allowed():
+    g = parse_tools([WEATHER], {"type": "function", "function": {"name": "weather"}}, True).grammar()
+    one = '<tool_call>{"name": "weather", "arguments": {"city": "Oslo"}}</tool_call>'
+    assert accepts(g, one) and not accepts(g, one + "\n" + one)
+
+
 def test_tools_go_into_the_system_message_and_results_become_user_turns():
     use = parse_tools([WEATHER], "auto", None)
     msgs = render_messages([
