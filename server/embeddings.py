@@ -84,7 +84,8 @@ async def embeddings(body: EmbeddingRequest, http: HTTPRequest) -> dict:
     vectors = await loop.run_in_executor(lm.embed_executor,
                                          lambda: [lm.embedder.embed(t) for t in inputs])
     n_tokens = sum(len(t) for t in inputs)
+    fmt = body.encoding_format or "float"
     return {"object": "list", "model": lm.name,
-            "data": [{"object": "embedding", "index": i, "embedding": _encode(v, body.encoding_format or "float")}
+            "data": [{"object": "embedding", "index": i, "embedding": _encode(v, fmt)}
                      for i, v in enumerate(vectors)],
             "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens}}
