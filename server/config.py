@@ -132,7 +132,8 @@ def _models_from_file(path: Path, base: EngineConfig) -> list[ModelSpec]:
             model_path = (path.parent / model_path).resolve()
         contexts = int(entry.pop("contexts", 1))
         gpu_layers = entry.pop("gpu_layers", None)
-        defaults = dict(entry.pop("defaults", {}) or {})
+        defaults = sampling_defaults(entry.pop("defaults", None) or {},
+                                     f"{path}: models[{i}].defaults")
         overrides = {_ALIASES.get(k, k): v for k, v in entry.items()}
         unknown = set(overrides) - _ENGINE_KEYS
         if unknown:
@@ -140,6 +141,34 @@ def _models_from_file(path: Path, base: EngineConfig) -> list[ModelSpec]:
         specs.append(ModelSpec(name, model_path, replace(base, **overrides), contexts, defaults,
                                None if gpu_layers is None else int(gpu_layers)))
     return specs
+
+
+# the sampling values a model may default (a request's own value wins): server/service.py
+SAMPLING_DEFAULTS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty",
+                     "presence_penalty", "frequency_penalty")
+
+
+def sampling_defaults(raw: object, where: str) -> dict:
+    """A models file's per-model `defaults`, checked as a request's fields are (types, ranges),
+    so that a typo or a bad value stops the server at start-up instead of being ignored or
+    failing every request later. A null value means no default."""
+    from pydantic import ValidationError
+
+    from server.schemas import SamplingFields
+
+    if not isinstance(raw, dict):
+        raise ValueError(f"{where} must be a mapping")
+    unknown = sorted(set(raw) - set(SAMPLING_DEFAULTS))
+    if unknown:
+        raise ValueError(f"{where} has keys that are not per-model sampling defaults {unknown} "
+                         f"(allowed: {', '.join(SAMPLING_DEFAULTS)})")
+    given = {k: v for k, v in raw.items() if v is not None}
+    try:
+        checked = SamplingFields(**given)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise ValueError(f"{where}.{'.'.join(map(str, first['loc']))}: {first['msg']}") from None
+    return {k: getattr(checked, k) for k in given}
 
 
 def total_threads(models: list[ModelSpec]) -> int:
