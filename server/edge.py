@@ -43,7 +43,10 @@ def needs_key(path: str, key: str | None, limits: EdgeLimits) -> bool:
 
 def authorized(headers: list[tuple[bytes, bytes]], key: str) -> bool:
     given = next((value for name, value in headers if name == b"authorization"), b"")
-    return hmac.compare_digest(given, b"Bearer " + key.encode())
+    scheme, _, token = given.partition(b" ")
+    # the scheme is case-insensitive (RFC 7235: "bearer" is "Bearer"); the token is compared
+    # in constant time
+    return scheme.lower() == b"bearer" and hmac.compare_digest(token, key.encode())
 
 
 class BodyTooLarge(Exception):

@@ -9,6 +9,7 @@ from fastapi import APIRouter, Request as HTTPRequest
 from pydantic import ConfigDict, Field
 
 from server.errors import APIError
+from server.fields import check_fields
 from server.openapi import ERROR_RESPONSES
 from server.schemas import Body, Bool, Int
 from server.service import LoadedModel, Service
@@ -17,7 +18,7 @@ router = APIRouter(responses=ERROR_RESPONSES)
 
 
 class TokenizeRequest(Body):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="allow")   # unknown fields: refused by name (server/fields.py)
 
     model: str | None = None
     content: str
@@ -27,7 +28,7 @@ class TokenizeRequest(Body):
 
 
 class DetokenizeRequest(Body):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="allow")
 
     model: str | None = None
     tokens: list[Int] = Field(default_factory=list)
@@ -68,6 +69,7 @@ async def get_model(model_id: str, http: HTTPRequest) -> dict:
 
 @router.post("/tokenize")
 async def tokenize(body: TokenizeRequest, http: HTTPRequest) -> dict:
+    check_fields(body, frozenset())
     lm = pick_model(http, body.model)
     svc: Service = http.app.state.service
     tokens = await svc.prepare(lm, len(body.content), http, lambda: lm.model.tokenize(
@@ -79,6 +81,7 @@ async def tokenize(body: TokenizeRequest, http: HTTPRequest) -> dict:
 
 @router.post("/detokenize")
 async def detokenize(body: DetokenizeRequest, http: HTTPRequest) -> dict:
+    check_fields(body, frozenset())
     lm = pick_model(http, body.model)
     check_tokens(lm, body.tokens)
     return {"content": await asyncio.to_thread(lm.model.detokenize, body.tokens)}

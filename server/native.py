@@ -43,11 +43,16 @@ async def generate_stream(body: GenerateRequest, http: HTTPRequest):
     check_fields(body, frozenset())
     if body.n != 1:
         raise unsupported("n", "above 1 is not supported")
+    if "stream" in body.model_fields_set and not body.stream:
+        raise unsupported("stream", "false is not supported: this route always streams (the "
+                          "OpenAI routes answer without streaming)")
+    if body.stream_options is not None:
+        raise unsupported("stream_options", "is not supported: the done event carries the counts")
     svc: Service = http.app.state.service
     lm = svc.get(body.model or next(iter(svc.models)))
     if lm.template is not None and not body.raw:   # an instruction, as a one-message chat
         prompt = await svc.chat_prompt(lm, [{"role": "user", "content": body.prompt}],
-                                       body.max_tokens, http)
+                                       body.max_tokens, http, param="prompt")
     else:
         prompt = await svc.text_prompt(lm, body.prompt, body.max_tokens, http)
     worker, req = svc.submit(lm, prompt, body, body.max_tokens, grammar_for(body, lm.model))

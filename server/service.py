@@ -193,8 +193,9 @@ class Service:
     async def chat_prompt(self, lm: LoadedModel, messages: list[dict], max_tokens: int | None,
                           http: HTTPRequest, add_generation_prompt: bool = True,
                           continue_final_message: bool = False,
-                          use: ToolUse | None = None) -> list[int]:
-        """`use`: the request's tools, rendered as the model's tool_format says."""
+                          use: ToolUse | None = None, param: str = "messages") -> list[int]:
+        """`use`: the request's tools, rendered as the model's tool_format says; `param`: the
+        request field a too-long prompt is blamed on."""
         if lm.template is None:
             raise APIError(400, f"The model '{lm.name}' has no chat template in its GGUF file; "
                            "use /v1/completions with a plain prompt", "no_chat_template")
@@ -202,10 +203,10 @@ class Service:
         if use is not None:
             messages, tools = prompt_input(messages, use, lm.template.knows_tools)
         if len(messages) >= lm.max_seq_len:   # every message renders to a token at least
-            raise _too_long(lm.max_seq_len, len(messages), max_tokens, "messages")
+            raise _too_long(lm.max_seq_len, len(messages), max_tokens, param)
         cost = _text_size([messages, tools]) + 32 * len(messages)
         return await self.prepare(lm, cost, http, lambda: self._render_and_tokenize(
-            lm, messages, max_tokens, add_generation_prompt, continue_final_message, tools))
+            lm, messages, max_tokens, add_generation_prompt, continue_final_message, tools, param))
 
     async def text_prompt(self, lm: LoadedModel, text: str, max_tokens: int | None,
                           http: HTTPRequest) -> list[int]:
@@ -214,14 +215,14 @@ class Service:
 
     def _render_and_tokenize(self, lm: LoadedModel, messages: list[dict], max_tokens: int | None,
                              add_generation_prompt: bool, continue_final_message: bool,
-                             tools: list[dict] | None = None) -> list[int]:
+                             tools: list[dict] | None = None, param: str = "messages") -> list[int]:
         """On a prompt-pool thread."""
         try:
             text = lm.template.render(messages, add_generation_prompt, continue_final_message,
                                       tools)
         except ChatTemplateError as exc:
             raise APIError(400, str(exc), "chat_template_error", "messages") from exc
-        self._check_bound(lm, text, max_tokens, "messages")
+        self._check_bound(lm, text, max_tokens, param)
         add_special = not (lm.template.bos_token and text.startswith(lm.template.bos_token))
         return lm.model.tokenize(text, add_special)
 
@@ -307,10 +308,13 @@ class Service:
         limit = lm.max_seq_len
         needed = len(prompt) + (max_tokens or 1)
         if needed > limit:
+            # blame max_tokens only where the prompt alone fits; else the field the prompt is in
+            where = ("max_tokens" if len(prompt) < limit else "messages" if hasattr(body, "messages")
+                     else "input" if hasattr(body, "input") else "prompt")
             raise APIError(400, f"This model's maximum context length is {limit} tokens. However, "
                            f"you requested {needed} tokens ({len(prompt)} in the prompt, "
                            f"{max_tokens or 1} for the completion). Please reduce the prompt or "
-                           "max_tokens.", "context_length_exceeded", "max_tokens")
+                           "max_tokens.", "context_length_exceeded", where)
         self._refuse_when_closing()
         params = self._sampling(lm, body, max_tokens)
         params.grammar = grammar

@@ -138,6 +138,20 @@ def test_generate_stream_sends_token_events_then_done(server_url):
     assert done[0]["completion_tokens"] >= len(tokens)
 
 
+@pytest.mark.parametrize("path,body,param", [
+    ("/generate_stream", {"prompt": "hi", "stream": False}, "stream"),
+    ("/generate_stream", {"prompt": "hi", "stream_options": {"include_usage": True}},
+     "stream_options"),
+    ("/generate_stream", {"prompt": "hi " * 3000, "max_tokens": 5}, "prompt"),
+    ("/tokenize", {"content": "x", "bogus": True}, "bogus"),
+    ("/detokenize", {"tokens": [1], "bogus": 1}, "bogus"),
+])
+def test_native_routes_refuse_what_they_would_ignore_naming_the_field(server_url, path, body,
+                                                                       param):
+    resp = httpx.post(f"{server_url}{path}", json=body, timeout=60)
+    assert resp.status_code == 400 and resp.json()["error"]["param"] == param, resp.text
+
+
 # ---- concurrency -------------------------------------------------------------------------------
 def test_eight_concurrent_streams_each_match_their_solo_greedy_output(client, model_name):
     solo = [stream_text(client, model_name, q, max_tokens=32)[0] for q in QUESTIONS]

@@ -136,6 +136,14 @@ def test_tokenize_answers_with_the_key(key_server):
     assert resp.status_code == 200 and resp.json()["tokens"]
 
 
+@pytest.mark.parametrize("value,status", [(f"bearer {KEY}", 200), (f"BEARER {KEY}", 200),
+                                          (f"Basic {KEY}", 401), (f"Bearer {KEY}x", 401)])
+def test_the_auth_scheme_is_case_insensitive_and_the_key_is_not(key_server, value, status):
+    resp = httpx.post(f"{key_server}/tokenize", json={"content": "Hello"},
+                      headers={"authorization": value})
+    assert resp.status_code == status
+
+
 @pytest.mark.parametrize("path", ["/server_info", "/get_server_info", "/model_info", "/get_load"])
 def test_the_router_probes_stay_open_with_a_key(key_server, path):
     assert httpx.get(f"{key_server}{path}").status_code == 200
