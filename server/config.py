@@ -40,6 +40,7 @@ class Settings:
     edge: EdgeLimits = field(default_factory=EdgeLimits)
     max_n: int = 8                          # most choices (n) one request may ask for
     elastic_threads: bool = True            # a context alone with work uses idle ones' threads
+    repack_weights: bool = False            # llama.cpp's repacked weight layouts (engine.Model)
 
 
 def _env(name: str, default: str) -> str:
@@ -87,7 +88,7 @@ def load_settings() -> Settings:
     _partition_threads(models)
     return Settings(models, _env("LOG_LEVEL", "info"), os.environ.get("PAGEDLLAMA_API_KEY"),
                     edge_from_env(models), int(_env("MAX_N", "8")),
-                    _flag("ELASTIC_THREADS", True))
+                    _flag("ELASTIC_THREADS", True), _flag("REPACK_WEIGHTS", False))
 
 
 def default_max_body_bytes(models: list[ModelSpec]) -> int:

@@ -130,7 +130,8 @@ class Service:
         budget = self._core_budget()
         for spec in self.settings.models:
             key = str(spec.path.resolve())
-            model = loaded.get(key) or Model(spec.path, spec.gpu_layers)
+            model = loaded.get(key) or Model(spec.path, spec.gpu_layers,
+                                             self.settings.repack_weights)
             loaded[key] = model
             bound = bounds.get(key) or TokenBound(model.byte_weights())
             bounds[key] = bound
