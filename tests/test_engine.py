@@ -310,6 +310,16 @@ def test_a_worker_reports_its_thread_count_and_step_times(model):
         worker.stop()
 
 
+def next_logits_of_first(ctx, prompts, seqs):
+    """Decode one token after each of these sequences' prompts in one batch; the first one's
+    logits (a copy), then the token is removed again."""
+    assert ctx.decode([(s, [777], len(prompts[s]), True) for s in seqs]) == 0
+    out = ctx.logits(0).copy()
+    for s in seqs:
+        ctx.seq_rm(s, len(prompts[s]), -1)
+    return out
+
+
 @pytest.mark.parametrize("path", [SMOLLM2, GEMMA3], ids=["smollm2-q4_1", "gemma3-q4_k_m"])
 def test_logits_do_not_depend_on_how_many_sequences_decode_beside(path):
     """Bitwise the same logits for a sequence decoded alone and beside 3 or 5 others (4 and 6
@@ -333,15 +343,10 @@ def test_logits_do_not_depend_on_how_many_sequences_decode_beside(path):
         for seq, toks in enumerate(prompts):
             assert ctx.decode([(seq, toks, 0, False)]) == 0
 
-        def logits_of_0(seqs):
-            assert ctx.decode([(s, [777], len(prompts[s]), True) for s in seqs]) == 0
-            out = ctx.logits(0).copy()
-            for s in seqs:
-                ctx.seq_rm(s, len(prompts[s]), -1)
-            return out
-        alone = logits_of_0([0])
+        alone = next_logits_of_first(ctx, prompts, [0])
         for k in (2, 4, 6):
-            assert np.array_equal(alone, logits_of_0(list(range(k)))), f"beside {k - 1} others"
+            assert np.array_equal(alone, next_logits_of_first(ctx, prompts, list(range(k)))), \
+                f"beside {k - 1} others"
     finally:
         ctx.close()
         m.close()
@@ -369,11 +374,7 @@ def test_logits_do_not_depend_on_the_batch_or_the_thread_count(model, flash_attn
 
         def logits_of_0(seqs, threads=2):
             ctx.set_threads(threads)
-            assert ctx.decode([(s, [777], len(prompts[s]), True) for s in seqs]) == 0
-            out = ctx.logits(0).copy()
-            for s in seqs:
-                ctx.seq_rm(s, len(prompts[s]), -1)
-            return out
+            return next_logits_of_first(ctx, prompts, seqs)
         alone = logits_of_0([0])
         different = [case for case, logits in [
             ("beside 1", logits_of_0([0, 1])), ("beside 2", logits_of_0([0, 1, 2])),
