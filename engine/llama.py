@@ -131,8 +131,10 @@ class Model:
         np.maximum.at(reach, data, lengths)
         return np.divide(1.0, reach, out=np.zeros(256), where=reach > 0)
 
-    def detokenize(self, tokens: list[int]) -> str:
-        return b"".join(self.piece(t) for t in tokens).decode("utf-8", errors="replace")
+    def detokenize(self, tokens: list[int], special: bool = False) -> str:
+        """The tokens' text; with `special`, control tokens as their text (`<|im_start|>`)."""
+        pieces = (self.token_bytes(t) for t in tokens) if special else map(self.piece, tokens)
+        return b"".join(pieces).decode("utf-8", errors="replace")
 
     def close(self) -> None:
         if self.ptr:

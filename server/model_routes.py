@@ -54,8 +54,9 @@ def check_tokens(lm: LoadedModel, tokens: list[int], param: str = "tokens") -> N
 
 
 def _piece(lm: LoadedModel, token: int) -> str | list[int]:
-    """A token's text; its bytes where they are not valid UTF-8 on their own (llama-server)."""
-    data = lm.model.piece(token)
+    """A token's text (a control token's too, as llama-server shows it); its bytes where they
+    are not valid UTF-8 on their own (llama-server)."""
+    data = lm.model.token_bytes(token)
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError:
@@ -84,4 +85,5 @@ async def detokenize(body: DetokenizeRequest, http: HTTPRequest) -> dict:
     check_fields(body, frozenset())
     lm = pick_model(http, body.model)
     check_tokens(lm, body.tokens)
-    return {"content": await asyncio.to_thread(lm.model.detokenize, body.tokens)}
+    # control tokens as their text, as llama-server does: /tokenize parses them back
+    return {"content": await asyncio.to_thread(lm.model.detokenize, body.tokens, True)}

@@ -46,6 +46,14 @@ def test_tokenize_then_detokenize_gives_the_text_back(base):
         "content": "Hello world"}
 
 
+def test_a_control_token_survives_the_round_trip(base):
+    text = "<|im_start|>user\nHi"
+    out = httpx.post(f"{base}/tokenize", json={"content": text, "with_pieces": True}).json()
+    assert out["tokens"][0]["piece"] == "<|im_start|>"
+    tokens = [t["id"] for t in out["tokens"]]
+    assert httpx.post(f"{base}/detokenize", json={"tokens": tokens}).json()["content"] == text
+
+
 def test_tokenize_with_pieces_pairs_each_id_with_its_text(base):
     out = httpx.post(f"{base}/tokenize", json={"content": "Hello world", "with_pieces": True,
                                               "model": MODEL}).json()["tokens"]
