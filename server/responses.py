@@ -71,31 +71,32 @@ class ResponsesRequest(SamplingFields):
         return (self.text or {}).get("format")
 
 
-def reject_unsupported(body: ResponsesRequest) -> None:
-    def unsupported(param: str, why: str) -> APIError:
-        return APIError(400, f"'{param}' is not supported: {why}", "unsupported_parameter", param)
+def _unsupported(param: str, why: str) -> APIError:
+    return APIError(400, f"'{param}' is not supported: {why}", "unsupported_parameter", param)
 
+
+def reject_unsupported(body: ResponsesRequest) -> None:
     for name, value in (body.model_extra or {}).items():
         if value not in (None, [], {}) and name not in _HARMLESS | _CHECKED:
-            raise unsupported(name, "this server does not implement it, and ignoring it could "
-                              "change the answer")
+            raise _unsupported(name, "this server does not implement it, and ignoring it could "
+                               "change the answer")
     for name in _CHAT_ONLY:   # SamplingFields' chat-only fields
         if getattr(body, name, None) is not None:
-            raise unsupported(name, "on /v1/responses, structured output is 'text.format'")
+            raise _unsupported(name, "on /v1/responses, structured output is 'text.format'")
     if body.n != 1:
-        raise unsupported("n", "one output per response")
+        raise _unsupported("n", "one output per response")
     if body.store:
-        raise unsupported("store", "this server is stateless and keeps no responses")
+        raise _unsupported("store", "this server is stateless and keeps no responses")
     if body.previous_response_id:
-        raise unsupported("previous_response_id", "this server is stateless; send the history "
-                          "in 'input'")
+        raise _unsupported("previous_response_id", "this server is stateless; send the history "
+                           "in 'input'")
     if body.background:
-        raise unsupported("background", "responses are computed while the request is open")
+        raise _unsupported("background", "responses are computed while the request is open")
     _check_extras(body.model_extra or {}, body.text or {})
     check_stream_options(body)
     if body.stream_options and body.stream_options.continuous_usage_stats:
-        raise unsupported("stream_options.continuous_usage_stats",
-                          "a response's usage comes once, in response.completed")
+        raise _unsupported("stream_options.continuous_usage_stats",
+                           "a response's usage comes once, in response.completed")
 
 
 def _check_extras(extra: dict, text: dict) -> None:
@@ -104,25 +105,22 @@ def _check_extras(extra: dict, text: dict) -> None:
     (chat's `reasoning_effort` and `verbosity` are refused as well), and `truncation`: "auto"
     would drop the start of an input too long for the context, which is refused anyway
     (context_length_exceeded), so both values behave alike on everything we accept."""
-    def refuse(param: str, why: str) -> APIError:
-        return APIError(400, f"'{param}' is not supported: {why}", "unsupported_parameter", param)
-
     if extra.get("include"):
-        raise refuse("include", f"no extra output ({extra['include']!r}) is produced here")
+        raise _unsupported("include", f"no extra output ({extra['include']!r}) is produced here")
     reasoning = extra.get("reasoning")
     if reasoning is not None:
         if not isinstance(reasoning, dict):
             raise APIError(400, "reasoning must be an object", "invalid_value", "reasoning")
         check_keys(reasoning, frozenset({"effort", "summary", "generate_summary"}), "reasoning")
         if any(v is not None for v in reasoning.values()):
-            raise refuse("reasoning", "the models served here have no reasoning effort or "
-                         "summary to set")
+            raise _unsupported("reasoning", "the models served here have no reasoning effort "
+                               "or summary to set")
     if extra.get("truncation") not in (None, "auto", "disabled"):
         raise APIError(400, "truncation must be 'auto' or 'disabled'", "invalid_value",
                        "truncation")
     check_keys(text, frozenset({"format", "verbosity"}), "text")
     if text.get("verbosity") not in (None, "medium"):
-        raise refuse("text.verbosity", "the output's length is set by max_output_tokens")
+        raise _unsupported("text.verbosity", "the output's length is set by max_output_tokens")
 
 
 def constraints(body: ResponsesRequest, model) -> tuple[ToolUse, str | None]:
@@ -299,7 +297,8 @@ class ResponseState:
                 "temperature": b.temperature, "top_p": b.top_p,
                 "text": {"format": echo_format(b.format)},
                 "tool_choice": echo_tool_choice(self.use), "tools": b.tools or [],
-                "truncation": (b.model_extra or {}).get("truncation") or "disabled", "usage": self.usage() if done else None,
+                "truncation": (b.model_extra or {}).get("truncation") or "disabled",
+                "usage": self.usage() if done else None,
                 "user": None, "metadata": b.metadata or {}}
 
     def event(self, kind: str, **payload) -> bytes:

@@ -310,7 +310,8 @@ class Service:
         needed = len(prompt) + (max_tokens or 1)
         if needed > limit:
             # blame max_tokens only where the prompt alone fits; else the field the prompt is in
-            where = ("max_tokens" if len(prompt) < limit else "messages" if hasattr(body, "messages")
+            where = ("max_tokens" if len(prompt) < limit
+                     else "messages" if hasattr(body, "messages")
                      else "input" if hasattr(body, "input") else "prompt")
             raise APIError(400, f"This model's maximum context length is {limit} tokens. However, "
                            f"you requested {needed} tokens ({len(prompt)} in the prompt, "

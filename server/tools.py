@@ -107,7 +107,7 @@ _FUNCTION_KEYS = frozenset({"name", "description", "parameters", "strict"})
 def _named(fn: Any, where: str, flat: bool = False) -> Function:
     if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
         raise APIError(400, f"{where} needs a 'name'", "invalid_value", where)
-    check_keys(fn, _FUNCTION_KEYS | {"type"} if flat else _FUNCTION_KEYS, where)
+    check_keys(fn, (_FUNCTION_KEYS | {"type"}) if flat else _FUNCTION_KEYS, where)
     params = fn.get("parameters") or {"type": "object", "properties": {}}
     compile_schema(params, f"{where}.parameters")   # a 400 naming it if it is invalid
     return Function(fn["name"], fn.get("description") or "", params)
@@ -244,7 +244,6 @@ def parse_tool_calls(text: str) -> tuple[str, list[ToolCall]]:
         return "".join(kept).strip(), calls
     kept.append(rest)
     return "".join(kept).strip() if calls else text, calls
-
 
 
 def _call(body: str) -> ToolCall | None:
