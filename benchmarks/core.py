@@ -39,8 +39,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--n-seq-max", type=int, default=16, help="raw loop's sequences")
     p.add_argument("--kv-unified", action="store_true",
                    help="unified KV in the raw loop and the server (default: split)")
-    p.add_argument("--flash-attn", action="store_true",
-                   help="flash attention in the raw loop and the server (default: plain)")
+    p.add_argument("--attention", choices=("flash", "plain"), default="flash",
+                   help="attention kernel in the raw loop and the server (default: flash, "
+                        "as the server)")
     p.add_argument("--reps", type=int, default=1, help="alternating repetitions (median kept)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--base-url", default=None,
@@ -50,6 +51,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--result-file", default=None)
     p.add_argument("--disable-tqdm", action="store_true")
     args = p.parse_args(argv)
+    args.flash_attn = args.attention == "flash"
     args.streams = [int(s) for s in args.streams.split(",") if s.strip()]
     if not args.streams or any(not 1 <= s <= 256 for s in args.streams):
         p.error("--streams values must be in [1, 256]")

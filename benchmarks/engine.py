@@ -30,12 +30,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--n-ctx", type=int, default=0,
                    help="cells per sequence (default: input + output rounded up to 256)")
     p.add_argument("--kv-unified", action="store_true", help="one KV pool (default: split)")
-    p.add_argument("--flash-attn", action="store_true",
-                   help="flash attention (default: plain attention, as the server)")
+    p.add_argument("--attention", choices=("flash", "plain"), default="flash",
+                   help="attention kernel (default: flash, as the server)")
     p.add_argument("--reps", type=int, default=1, help="runs per batch size; the best is kept")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--result-file", default=None)
     args = p.parse_args(argv)
+    args.flash_attn = args.attention == "flash"
     args.batch_sizes = [int(b) for b in args.batch_sizes.split(",") if b.strip()]
     if not args.batch_sizes or any(not 1 <= b <= MAX_BATCH for b in args.batch_sizes):
         p.error(f"--batch-sizes must be in [1, {MAX_BATCH}]")

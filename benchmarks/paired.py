@@ -9,7 +9,7 @@ then the other compare the machine's state as much as the servers. Interleaving 
 same drift; the ratio of each pair and their median is the figure to quote.
 
     python -m benchmarks.paired                       # ours vs llama-server, 4 concurrent
-    python -m benchmarks.paired --a ours --a-env PAGEDLLAMA_FLASH_ATTN=1 --b ours
+    python -m benchmarks.paired --a ours --a-env PAGEDLLAMA_FLASH_ATTN=0 --b ours
     python -m benchmarks.paired --a http://127.0.0.1:8000 --b http://127.0.0.1:8080
 
 A and B are each `ours` (started with --a-env / --b-env PAGEDLLAMA_NAME=VALUE, repeated for

@@ -6,8 +6,10 @@ llama_decode, logits and the memory (KV) operations.
 """
 from __future__ import annotations
 
+import bisect
 import ctypes
 import logging
+import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,6 +43,73 @@ def init_backend() -> None:
             C.llama_log_set(_log_callback, ctypes.c_void_p(0))
             C.llama_backend_init()
             _backend_ready = True
+
+
+def _readable_spans() -> tuple[list[int], list[int]]:
+    """Starts and ends of this process's readable memory mappings, sorted."""
+    starts, ends = [], []
+    with open("/proc/self/maps") as f:
+        for line in f:
+            span, perms = line.split(maxsplit=2)[:2]
+            if perms.startswith("r"):
+                lo, hi = span.split("-")
+                starts.append(int(lo, 16))
+                ends.append(int(hi, 16))
+    return starts, ends
+
+
+def _ggml_cpu() -> ctypes.CDLL:
+    """llama-cpp-python's libggml-cpu (the library llama.cpp already loaded: same file, same
+    handle)."""
+    lib = ctypes.CDLL(os.path.join(os.path.dirname(C.__file__), "lib", "libggml-cpu.so"))
+    lib.ggml_backend_is_cpu.argtypes = [ctypes.c_void_p]
+    lib.ggml_backend_is_cpu.restype = ctypes.c_bool
+    lib.ggml_backend_cpu_set_use_ref.argtypes = [ctypes.c_void_p, ctypes.c_bool]
+    lib.ggml_backend_cpu_set_use_ref.restype = None
+    return lib
+
+
+def cpu_backend_of(ctx_ptr, scan_bytes: int = 8192) -> int | None:
+    """The address of a llama.cpp context's CPU backend (its `backend_cpu`), or None.
+
+    llama.h has no getter for a context's backends, so this reads the context object's words
+    and returns the one that is a CPU backend: a pointer to readable memory whose first field
+    (the backend's guid pointer) points to readable memory, and that ggml_backend_is_cpu
+    accepts. Only readable memory is read, so a layout this does not expect finds nothing
+    rather than crashing."""
+    lib = _ggml_cpu()
+    starts, ends = _readable_spans()
+
+    def readable(addr: int, n: int) -> bool:
+        i = bisect.bisect_right(starts, addr) - 1
+        return i >= 0 and addr + n <= ends[i]
+
+    base = ctypes.cast(ctx_ptr, ctypes.c_void_p).value
+    for offset in range(0, scan_bytes, 8):
+        if not readable(base + offset, 8):
+            return None
+        word = ctypes.c_uint64.from_address(base + offset).value
+        if word % 8 or not readable(word, 64):
+            continue
+        guid = ctypes.c_uint64.from_address(word).value
+        if guid and readable(guid, 16) and lib.ggml_backend_is_cpu(word):
+            return word
+    return None
+
+
+def use_reference_attention(ctx_ptr, on: bool = True) -> bool:
+    """Make a context's CPU backend compute flash attention row by row, whatever the batch
+    (ggml's "reference" path: ggml_backend_cpu_set_use_ref; on=False gives ggml's default). Without it ggml's CPU kernel over
+    an f16/f32 KV cache splits one lone query row's KV between the threads (one sequence
+    decoding alone past ~256 tokens of context) and computes 64 or more query rows of one
+    sequence in tiles: other numbers than row by row, so answers would depend on what else
+    runs and on the thread count. The flag also turns off ggml's op fusion (measured: no
+    change in a logit, no measurable change in speed). False if the backend was not found."""
+    backend = cpu_backend_of(ctx_ptr)
+    if backend is None:
+        return False
+    _ggml_cpu().ggml_backend_cpu_set_use_ref(backend, on)
+    return True
 
 
 class Model:
@@ -174,6 +243,11 @@ class Context:
         self.ptr = C.llama_init_from_model(model.ptr, params)
         if not self.ptr:
             raise RuntimeError(f"llama.cpp could not create a context ({config})")
+        if config.flash_attn and not use_reference_attention(self.ptr):
+            C.llama_free(self.ptr)
+            raise RuntimeError("flash attention: this llama.cpp's CPU backend was not found in "
+                               "its context, so its attention kernel cannot be made exact; "
+                               "turn flash attention off (PAGEDLLAMA_FLASH_ATTN=0)")
         self.n_ctx = C.llama_n_ctx(self.ptr)
         self.n_ctx_seq = C.llama_n_ctx_seq(self.ptr)
         self.mem = C.llama_get_memory(self.ptr)

@@ -42,13 +42,6 @@ from scheduler import FinishReason, Scheduler, Sequence, Status, StepPlan, make_
 log = logging.getLogger("pagedllama.engine")
 
 
-# ggml's CPU flash-attention kernel, over an f16 KV cache, computes 64 or more query rows of one
-# sequence in tiles (GGML_FA_TILE_Q in ggml-cpu/common.h of this llama.cpp), fewer row by row:
-# pieces of 2-63 tokens compute the same numbers however a prompt is cut, 64+ do not
-# (tests/test_engine.py). Over a quantized (q8_0) cache it computes every row by itself.
-FA_TILE_ROWS = 64
-
-
 @dataclass
 class EngineConfig:
     n_ctx: int = 2048                 # per sequence: the longest prompt + output
@@ -60,9 +53,8 @@ class EngineConfig:
     prefill_chunk: int = 16           # aligned prompt chunk size (see benchmarks.chunking)
     prefix_caching: bool = True
     kv_unified: bool = False
-    flash_attn: bool = False          # faster decode, slower long prompts (README)
-    kv_type: str | None = None        # KV cache f16 or q8_0 (needs flash_attn); None: q8_0 with
-                                      # flash attention, else f16 (see cache_type)
+    flash_attn: bool = True           # False: plain attention (README, "Attention kernels")
+    kv_type: str = "f16"              # KV cache f16 or q8_0 (half the memory; needs flash_attn)
     scheduler: str = "fifo"
     preemption: str = "swap"
     max_queue: int = 256
@@ -71,45 +63,15 @@ class EngineConfig:
     thread_share: float = 1.0         # this context's part of the process's threads
 
     def __post_init__(self):
-        if self.kv_type is not None and self.kv_type not in KV_TYPES:
+        if self.kv_type not in KV_TYPES:
             raise ValueError(f"KV cache type {self.kv_type!r}: one of {', '.join(KV_TYPES)}")
-        if self.cache_type != "f16" and not self.flash_attn:
-            raise ValueError(f"a {self.cache_type} KV cache needs flash attention (llama.cpp "
+        if self.kv_type != "f16" and not self.flash_attn:
+            raise ValueError(f"a {self.kv_type} KV cache needs flash attention (llama.cpp "
                              "quantizes V only for its flash-attention kernel)")
-
-    @property
-    def cache_type(self) -> str:
-        """The KV cache's element type: kv_type, or by default q8_0 under flash attention (there
-        ggml computes every query row by itself: batch-invariant, any_cut_exact) else f16."""
-        return self.kv_type or ("q8_0" if self.flash_attn else "f16")
 
     @property
     def n_seq_max(self) -> int:
         return min(256, self.max_seqs + (self.cache_seqs if self.prefix_caching else 0))
-
-    @property
-    def tiled_attention(self) -> bool:
-        """Flash attention over an f16 cache: ggml computes 64+ query rows of one sequence in
-        tiles (and splits one row's KV between threads), other numbers than row by row."""
-        return self.flash_attn and self.cache_type == "f16"
-
-    @property
-    def any_cut_exact(self) -> bool:
-        """Do all cuts of a prompt into pieces of 2 or more tokens compute the same numbers?
-        Plain attention: yes (measured, README "Exact answers"). Flash attention: only for
-        pieces under FA_TILE_ROWS query rows of one sequence, which split KV gives each
-        sequence and a unified cache does not (all of a batch's rows are one sequence's there),
-        and only while the grid's cells are under it too (cold prompts are cut on the grid).
-        Flash attention over a q8_0 cache: yes, ggml computes each query row by itself there
-        (no tiles, no KV split between threads)."""
-        if not self.tiled_attention:
-            return True
-        return not self.kv_unified and self.prefill_chunk < FA_TILE_ROWS
-
-    @property
-    def max_piece(self) -> int | None:
-        """The longest prompt piece the scheduler may merge (None: any), see any_cut_exact."""
-        return FA_TILE_ROWS - 1 if self.tiled_attention else None
 
     @property
     def total_cells(self) -> int:
@@ -148,19 +110,18 @@ class Worker:
         self.context = Context(model, ContextConfig(
             n_ctx=config.total_cells, n_seq_max=config.n_seq_max, n_batch=config.max_batch_tokens,
             n_threads=config.n_threads, kv_unified=config.kv_unified,
-            flash_attn=config.flash_attn, kv_type=config.cache_type))
+            flash_attn=config.flash_attn, kv_type=config.kv_type))
         self.manager = BlockManager(
             config.total_cells // config.block_size, block_size=config.block_size,
             num_seq_ids=config.n_seq_max, prefix_caching=config.prefix_caching,
             prefill_chunk=config.prefill_chunk, share_cells=config.kv_unified,
-            # where any cut of a prompt into pieces of 2+ tokens computes the same numbers
-            # (any_cut_exact), a prefix hit may end on any token; otherwise only on the grid
-            reuse_grid=config.block_size if config.any_cut_exact else config.prefill_chunk)
+            # any cut of a prompt into pieces of 2+ tokens computes the same numbers (README,
+            # "Exact answers"), so a prefix hit may end on any token
+            reuse_grid=config.block_size)
         self.scheduler = Scheduler(
             self.manager, make_policy(config.scheduler), max_seqs=config.max_seqs,
             max_batch_tokens=config.max_batch_tokens, preemption=config.preemption,
-            merge_cells=config.any_cut_exact,
-            max_piece=config.max_piece)
+            merge_cells=True)
         self.max_seq_len = min(config.n_ctx, self.context.n_ctx_seq)
         self.inbox: deque[InboxMessage] = deque()
         self.wakeup = threading.Event()

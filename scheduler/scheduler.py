@@ -8,10 +8,9 @@ so far": a running sequence needs tokens[num_computed:], and a decode is just on
 Prompt chunks are aligned: with C = the manager's prefill_chunk, a step computes at most one chunk
 [kC, (k+1)C) of a sequence's tokens (or the tail), so the pieces a prompt is computed in never
 depend on what else runs, and prefix-cache reuse (which ends on a multiple of C) gives
-bit-identical results. With merge_cells (where any cut into pieces of 2+ tokens, or of 2 to
-max_piece tokens, computes the same numbers: the worker's EngineConfig.any_cut_exact) a piece
-may span cells, and a hit may end on any token; _max_reuse keeps the 1-token-tail
-rule either way.
+bit-identical results. With merge_cells (where any cut into pieces of 2+ tokens computes the
+same numbers: every kernel the worker uses, README "Exact answers") a piece may span cells, and
+a hit may end on any token; _max_reuse keeps the 1-token-tail rule either way.
 
 How many prompt tokens a step takes (_prefill_allowance): while nothing decodes, the whole
 budget. While sequences decode, one chunk for every sequence that wants a prompt chunk, which is
@@ -90,7 +89,7 @@ class StepPlan:
 class Scheduler:
     def __init__(self, manager: BlockManager, policy: Policy, *, max_seqs: int = 16,
                  max_batch_tokens: int = 256, preemption: str = "swap",
-                 merge_cells: bool = False, max_piece: int | None = None,
+                 merge_cells: bool = False,
                  few_decoding: int = FEW_DECODING, finish_piece: int = FINISH_PIECE):
         if max_batch_tokens < max_seqs + manager.prefill_chunk:
             raise ValueError(f"max_batch_tokens ({max_batch_tokens}) must be at least max_seqs "
@@ -100,7 +99,6 @@ class Scheduler:
         self.manager, self.policy = manager, policy
         self.max_seqs, self.max_batch_tokens, self.preemption = max_seqs, max_batch_tokens, preemption
         self.merge_cells = merge_cells   # see _merged_end
-        self.max_piece = max_piece       # longest merged piece (None: any), see _merged_end
         self.few_decoding, self.finish_piece = few_decoding, finish_piece
         self.waiting: list[Sequence] = []
         self.running: list[Sequence] = []
@@ -254,14 +252,13 @@ class Scheduler:
 
     def _merged_end(self, seq: Sequence, start: int, end: int, budget: int) -> int:
         """Several grid cells of one prompt in one piece, as far as the budget (and while
-        sequences decode, the allowance) reaches. Exact only with plain attention: then any cut
-        of a prompt into pieces of 2 or more tokens computes the same numbers
-        (../shared/FINDINGS.md), so a piece may span cells as long as a 1-token tail stays a
-        piece of its own, as it is on the grid (a cache hit can leave exactly that token)."""
+        sequences decode, the allowance) reaches. Exact because any cut of a prompt into pieces
+        of 2 or more tokens computes the same numbers (../shared/FINDINGS.md; flash attention
+        through ggml's reference path, engine/llama.py), so a piece may span cells as long as a
+        1-token tail stays a piece of its own, as it is on the grid (a cache hit can leave
+        exactly that token)."""
         n, chunk = len(seq.tokens), self.manager.prefill_chunk
         limit = min(n, start + budget)
-        if self.max_piece is not None:   # flash attention over f16: longer pieces are tiled
-            limit = min(limit, start + self.max_piece)
         if limit == n and n % chunk != 1:
             return n
         return max(end, limit // chunk * chunk)

@@ -59,7 +59,7 @@ def test_health_says_the_model_is_loaded(server_url, model_name):
     body = health(server_url)
     assert body["status"] == "ok" and body["models"][model_name]["loaded"] is True
     model = body["models"][model_name]   # the kernel and cache the defaults give (README)
-    assert (model["flash_attn"], model["kv_type"], model["kv_unified"]) == (False, "f16", False)
+    assert (model["flash_attn"], model["kv_type"], model["kv_unified"]) == (True, "f16", False)
 
 
 def test_chat_completion_answers_with_usage(client, model_name):

@@ -127,7 +127,7 @@ def test_greedy_outputs_are_identical_with_prefix_caching_on_and_off(model):
 
 
 def test_prefix_hits_that_end_off_the_prefill_grid_give_the_cold_answers(model):
-    """Plain attention: a hit may end on any 8-token block, off the 32-token grid. Prompts that
+    """A hit may end on any 8-token block, off the 32-token grid. Prompts that
     are prefixes of a cached one (every length from 33 to 50, so the rest after the hit is 2..9
     tokens and n % 32 runs through 1) must answer as they do with caching off."""
     long = chat_prompt(model, "Tell me about the moon, the sea and the tides, briefly.")
@@ -148,13 +148,12 @@ def test_prefix_hits_that_end_off_the_prefill_grid_give_the_cold_answers(model):
 
 @pytest.mark.parametrize("flash_attn,kv_type", [(False, "f16"), (True, "f16"), (True, "q8_0")])
 def test_prefix_hits_that_end_inside_a_block_give_the_cold_answers(model, flash_attn, kv_type):
-    """Plain attention: a hit may end on any token. A prompt that leaves a cached one at
-    position d reuses exactly d tokens (the cells of the cached block that continues its last
-    full block are copied too), less one where the rest would start with a 1-token piece before
-    a grid line (d % 32 == 31), and answers as it does with caching off. Each d from 26 to 41
-    runs through a block's every offset and two block boundaries. The same with flash attention
-    over an f16 cache (split KV, grid under its 64-row tile: any cut into pieces of 2 to 63
-    tokens is exact) and over a q8_0 cache (flash attention's default: every cut is exact)."""
+    """A hit may end on any token. A prompt that leaves a cached one at position d reuses
+    exactly d tokens (the cells of the cached block that continues its last full block are
+    copied too), less one where the rest would start with a 1-token piece before a grid line
+    (d % 32 == 31), and answers as it does with caching off. Each d from 26 to 41 runs through
+    a block's every offset and two block boundaries. With each kernel: plain attention, flash
+    attention over an f16 cache (the default) and over a q8_0 cache."""
     long = chat_prompt(model, "Tell me about the moon, the sea and the tides, and why the tides "
                               "come twice a day, briefly.")
     tail = model.tokenize(" Reply in one short sentence, please.", add_special=False)
@@ -320,19 +319,21 @@ def next_logits_of_first(ctx, prompts, seqs):
     return out
 
 
+@pytest.mark.parametrize("flash_attn", [False, True], ids=["plain", "flash"])
 @pytest.mark.parametrize("path", [SMOLLM2, GEMMA3], ids=["smollm2-q4_1", "gemma3-q4_k_m"])
-def test_logits_do_not_depend_on_how_many_sequences_decode_beside(path):
+def test_logits_do_not_depend_on_how_many_sequences_decode_beside(path, flash_attn):
     """Bitwise the same logits for a sequence decoded alone and beside 3 or 5 others (4 and 6
     rows: llama.cpp's repacked weight layouts switch from a row-by-row kernel to a 4-row one at
     4, which changed Gemma 3's greedy answers; engine.Model loads without repacking). Gemma's
-    Q4_K, Q5_0 and Q8_0 tensors cover the other kernels its layers use."""
+    Q4_K, Q5_0 and Q8_0 tensors cover the other kernels its layers use; both attention kernels
+    (flash over f16 on ggml's reference path)."""
     import numpy as np
     from engine.llama import Context, ContextConfig
     if not path.exists():
         pytest.fail(f"{path} is missing: run `make models`")
     m = Model(path)
     ctx = Context(m, ContextConfig(n_ctx=256 * 6, n_seq_max=6, n_batch=64, n_threads=2,
-                                   kv_unified=False))
+                                   kv_unified=False, flash_attn=flash_attn))
     try:
         # text, not random token ids: measured, repacking changed the logits of these prompts'
         # next token by up to 1.1 from 4 rows up, and of random ids not at all
@@ -352,20 +353,26 @@ def test_logits_do_not_depend_on_how_many_sequences_decode_beside(path):
         m.close()
 
 
-@pytest.mark.parametrize("flash_attn,kv_type", [(False, "f16"), (True, "f16"), (True, "q8_0")])
-def test_logits_do_not_depend_on_the_batch_or_the_thread_count(model, flash_attn, kv_type):
+@pytest.mark.parametrize("flash_attn,kv_type,reference", [
+    (False, "f16", True), (True, "f16", True), (True, "q8_0", True), (True, "f16", False)],
+    ids=["plain", "flash-f16", "flash-q8_0", "flash-f16-ggml-default"])
+def test_logits_do_not_depend_on_the_batch_or_the_thread_count(model, flash_attn, kv_type,
+                                                               reference):
     """A sequence's logits must be bitwise the same decoded alone, beside other sequences, and
-    with 1 or 2 threads, also past 512 tokens of context. With flash attention over an f16
-    cache, ggml's CPU kernel takes another path for one query token of one sequence over >= 512
-    KV cells (the KV range split between threads, then merged): measured, logits moved by up
-    to 0.47 and 2 of 6 greedy chat answers changed between alone and batched. Over a q8_0
-    cache it computes every query row by itself: so flash attention comes with a q8_0 cache by
-    default (README, "Flash attention over a q8_0 KV cache"); this test shows why."""
+    with 1 or 2 threads, also past 512 tokens of context. Flash attention is exact because
+    engine.Context puts ggml's CPU backend on its reference path; the last case turns that off
+    to show why: ggml's default kernel over an f16 cache splits one lone query row's KV range
+    between the threads from 512 KV cells on (llama.cpp pads a sequence's KV view to 256), so a
+    sequence decoding alone past ~256 tokens gets other logits than beside others or on another
+    thread count (measured: up to 0.47 in a logit, 2 of 6 greedy chat answers changed). If that
+    case fails after a llama.cpp upgrade, ggml changed its kernel: rethink the reference path."""
     import numpy as np
-    from engine.llama import Context, ContextConfig
+    from engine.llama import Context, ContextConfig, use_reference_attention
     ctx = Context(model, ContextConfig(n_ctx=1024 * 3, n_seq_max=3, n_batch=64, n_threads=2,
                                        kv_unified=False, flash_attn=flash_attn, kv_type=kv_type))
     try:
+        if not reference:
+            assert use_reference_attention(ctx.ptr, on=False)
         rng = random.Random(3)
         prompts = [[rng.randrange(1000, 40000) for _ in range(n)] for n in (600, 40, 200)]
         for seq, toks in enumerate(prompts):
@@ -379,28 +386,41 @@ def test_logits_do_not_depend_on_the_batch_or_the_thread_count(model, flash_attn
         different = [case for case, logits in [
             ("beside 1", logits_of_0([0, 1])), ("beside 2", logits_of_0([0, 1, 2])),
             ("1 thread", logits_of_0([0], threads=1))] if not np.array_equal(alone, logits)]
-        if flash_attn and kv_type == "f16":   # why flash attention defaults to q8_0
-            assert different, "flash attention is batch- and thread-invariant now: rethink it"
-        else:
-            assert not different
+        assert different == ([] if reference else ["beside 1", "beside 2", "1 thread"])
     finally:
         ctx.close()
 
 
-def test_flash_attention_computes_every_cut_into_pieces_under_its_tile_alike(model):
-    """Why flash attention may reuse prefixes on any token and merge cells into pieces of up to
-    FA_TILE_ROWS - 1 tokens (engine/worker.py): with split KV, a prompt computed in pieces of 2
-    to 63 tokens, however cut, gives bitwise the same logits, and so do the decode steps after
-    it (the KV it wrote is the same); pieces of 64 take ggml's tiled kernel and differ. If this
-    fails after a llama.cpp upgrade, FA_TILE_ROWS (or any_cut_exact) must follow. Over a q8_0
-    cache (flash attention's default) there are no tiles: pieces of 64 and more are exact too."""
+def test_the_cpu_backend_is_found_only_where_it_is(model):
+    """engine.llama.cpu_backend_of reads a context object's words to find its CPU backend
+    (llama.h has no getter); in memory that holds none it finds nothing, without reading
+    unmapped memory."""
+    import ctypes
+
+    from engine.llama import Context, ContextConfig, cpu_backend_of
+    ctx = Context(model, ContextConfig(n_ctx=256, n_seq_max=1, n_batch=32, n_threads=1))
+    try:
+        assert cpu_backend_of(ctx.ptr) is not None
+        zeros = ctypes.create_string_buffer(4096)
+        assert cpu_backend_of(ctypes.cast(zeros, ctypes.c_void_p), scan_bytes=4096) is None
+    finally:
+        ctx.close()
+
+
+def test_flash_attention_computes_every_cut_of_a_prompt_alike(model):
+    """Why prefix hits may end on any token and the scheduler may merge prompt cells into one
+    piece with flash attention too: a prompt computed in pieces of 2 or more tokens, however
+    cut, gives bitwise the same logits, and so do the decode steps after it (the KV it wrote is
+    the same), over an f16 and a q8_0 cache. ggml's default kernel over f16 computes 64 or more
+    query rows of one sequence in tiles, other numbers than row by row (the last case, with the
+    reference path turned off); engine.Context keeps it on the reference path."""
     import numpy as np
-    from engine.llama import Context, ContextConfig
-    from engine.worker import FA_TILE_ROWS
-    contexts = {kv: Context(model, ContextConfig(n_ctx=512 * 2, n_seq_max=2, n_batch=256,
-                                                 n_threads=2, kv_unified=False, flash_attn=True,
-                                                 kv_type=kv))
-                for kv in ("f16", "q8_0")}
+    from engine.llama import Context, ContextConfig, use_reference_attention
+    contexts = {name: Context(model, ContextConfig(n_ctx=512 * 2, n_seq_max=2, n_batch=256,
+                                                   n_threads=2, kv_unified=False,
+                                                   flash_attn=True, kv_type=kv))
+                for name, kv in (("f16", "f16"), ("q8_0", "q8_0"), ("f16-ggml-default", "f16"))}
+    assert use_reference_attention(contexts["f16-ggml-default"].ptr, on=False)
     rng = random.Random(5)
     toks = [rng.randrange(1000, 40000) for _ in range(161)]
     after = [rng.randrange(1000, 40000) for _ in range(3)]
@@ -420,12 +440,12 @@ def test_flash_attention_computes_every_cut_into_pieces_under_its_tile_alike(mod
     def same(a, b):
         return all(np.array_equal(x, y) for x, y in zip(a, b))
     try:
-        for kv, ctx in contexts.items():
+        for name, ctx in contexts.items():
             ref = run([16], ctx)
-            for sizes in ([8], [5, 11, 32, 48], [2, 3, 30, FA_TILE_ROWS - 1], [40]):
-                assert same(ref, run(sizes, ctx)), (kv, sizes)
-            for sizes in ([FA_TILE_ROWS], [100, 2, 57]):
-                assert same(ref, run(sizes, ctx)) == (kv == "q8_0"), (kv, sizes)
+            for sizes in ([8], [5, 11, 32, 48], [2, 3, 30, 63], [40]):
+                assert same(ref, run(sizes, ctx)), (name, sizes)
+            for sizes in ([64], [100, 2, 57]):
+                assert same(ref, run(sizes, ctx)) == (name != "f16-ggml-default"), (name, sizes)
     finally:
         for ctx in contexts.values():
             ctx.close()
