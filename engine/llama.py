@@ -14,6 +14,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+import gguf
 import llama_cpp as C
 import numpy as np
 
@@ -60,13 +61,18 @@ def _readable_spans() -> tuple[list[int], list[int]]:
 
 def _ggml_cpu() -> ctypes.CDLL:
     """llama-cpp-python's libggml-cpu (the library llama.cpp already loaded: same file, same
-    handle)."""
-    lib = ctypes.CDLL(os.path.join(os.path.dirname(C.__file__), "lib", "libggml-cpu.so"))
+    handle), from where llama-cpp-python loads its libraries."""
+    lib_dir = os.environ.get("LLAMA_CPP_LIB_PATH") or os.path.join(os.path.dirname(C.__file__),
+                                                                   "lib")
+    lib = ctypes.CDLL(os.path.join(lib_dir, "libggml-cpu.so"))
     lib.ggml_backend_is_cpu.argtypes = [ctypes.c_void_p]
     lib.ggml_backend_is_cpu.restype = ctypes.c_bool
     lib.ggml_backend_cpu_set_use_ref.argtypes = [ctypes.c_void_p, ctypes.c_bool]
     lib.ggml_backend_cpu_set_use_ref.restype = None
     return lib
+
+
+_claimed_backends: set[int] = set()   # the CPU backends of this process's live Contexts
 
 
 def cpu_backend_of(ctx_ptr, scan_bytes: int = 8192) -> int | None:
@@ -75,8 +81,9 @@ def cpu_backend_of(ctx_ptr, scan_bytes: int = 8192) -> int | None:
     llama.h has no getter for a context's backends, so this reads the context object's words
     and returns the one that is a CPU backend: a pointer to readable memory whose first field
     (the backend's guid pointer) points to readable memory, and that ggml_backend_is_cpu
-    accepts. Only readable memory is read, so a layout this does not expect finds nothing
-    rather than crashing."""
+    accepts, and that no other live Context has claimed (the scan may run past the object's
+    end). Only readable memory is read, so a layout this does not expect finds nothing rather
+    than crashing."""
     lib = _ggml_cpu()
     starts, ends = _readable_spans()
 
@@ -92,24 +99,27 @@ def cpu_backend_of(ctx_ptr, scan_bytes: int = 8192) -> int | None:
         if word % 8 or not readable(word, 64):
             continue
         guid = ctypes.c_uint64.from_address(word).value
-        if guid and readable(guid, 16) and lib.ggml_backend_is_cpu(word):
+        if (guid and readable(guid, 16) and lib.ggml_backend_is_cpu(word)
+                and word not in _claimed_backends):
             return word
     return None
 
 
-def use_reference_attention(ctx_ptr, on: bool = True) -> bool:
+def use_reference_attention(ctx_ptr) -> int | None:
     """Make a context's CPU backend compute flash attention row by row, whatever the batch
-    (ggml's "reference" path: ggml_backend_cpu_set_use_ref; on=False gives ggml's default). Without it ggml's CPU kernel over
+    (ggml's "reference" path: ggml_backend_cpu_set_use_ref). Without it ggml's CPU kernel over
     an f16/f32 KV cache splits one lone query row's KV between the threads (one sequence
     decoding alone past ~256 tokens of context) and computes 64 or more query rows of one
     sequence in tiles: other numbers than row by row, so answers would depend on what else
-    runs and on the thread count. The flag also turns off ggml's op fusion (measured: no
-    change in a logit, no measurable change in speed). False if the backend was not found."""
+    runs and on the thread count. The flag also turns off ggml's op fusion and its tiled
+    matmul for K-quant weights (Model.has_k_quants): no change in a logit measured, no change
+    in speed for SmolLM2's Q4_1, much slower batches for Gemma 3's Q4_K_M. Returns the
+    backend's address (claimed for this context), None if it was not found."""
     backend = cpu_backend_of(ctx_ptr)
-    if backend is None:
-        return False
-    _ggml_cpu().ggml_backend_cpu_set_use_ref(backend, on)
-    return True
+    if backend is not None:
+        _ggml_cpu().ggml_backend_cpu_set_use_ref(backend, True)
+        _claimed_backends.add(backend)
+    return backend
 
 
 class Model:
@@ -137,9 +147,27 @@ class Model:
         self.add_bos = bool(C.llama_vocab_get_add_bos(self.vocab))
         self.bos_id, self.eos_id = C.llama_vocab_bos(self.vocab), C.llama_vocab_eos(self.vocab)
         self.eog_ids = frozenset(t for t in range(self.n_vocab) if C.llama_vocab_is_eog(self.vocab, t))
+        self.file_type = self._meta("general.file_type")
         self._pieces: dict[int, bytes] = {}
         template = C.llama_model_chat_template(self.ptr, None)
         self.chat_template: str | None = template.decode("utf-8") if template else None
+
+    def _meta(self, key: str) -> str | None:
+        buf = ctypes.create_string_buffer(256)
+        n = C.llama_model_meta_val_str(self.ptr, key.encode(), buf, len(buf))
+        return buf.value.decode() if n >= 0 else None
+
+    @property
+    def has_k_quants(self) -> bool:
+        """Is this a K-quant or IQ file (Q4_K_M, Q6_K, IQ4_XS, ...; unknown counts as yes)? ggml
+        multiplies such weights with its tiled matmul from 8 rows of input, a kernel that the
+        reference path (use_reference_attention) turns off: measured on Gemma 3 270M Q4_K_M,
+        a 16-token decode step 116 vs 81 ms, a 256-token prompt 790 vs 577 ms."""
+        try:
+            name = gguf.LlamaFileType(int(self.file_type)).name
+        except (TypeError, ValueError):
+            return True
+        return "_K" in name or "IQ" in name
 
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
         data = text.encode("utf-8")
@@ -243,7 +271,14 @@ class Context:
         self.ptr = C.llama_init_from_model(model.ptr, params)
         if not self.ptr:
             raise RuntimeError(f"llama.cpp could not create a context ({config})")
-        if config.flash_attn and not use_reference_attention(self.ptr):
+        self.cpu_backend: int | None = None
+        try:
+            if config.flash_attn:
+                self.cpu_backend = use_reference_attention(self.ptr)
+        except Exception as exc:   # the library or /proc/self/maps could not be read
+            C.llama_free(self.ptr)
+            raise RuntimeError(f"flash attention: ggml's CPU backend could not be set up ({exc})")
+        if config.flash_attn and self.cpu_backend is None:
             C.llama_free(self.ptr)
             raise RuntimeError("flash attention: this llama.cpp's CPU backend was not found in "
                                "its context, so its attention kernel cannot be made exact; "
@@ -319,8 +354,13 @@ class Context:
     def drop_saved(self, key: int) -> None:
         self._saved.pop(key, None)
 
+    def use_ggml_default_attention(self) -> None:
+        """Back to ggml's default flash-attention paths (tests: what the reference path is for)."""
+        _ggml_cpu().ggml_backend_cpu_set_use_ref(self.cpu_backend, False)
+
     def close(self) -> None:
         if self.ptr:
+            _claimed_backends.discard(self.cpu_backend)
             C.llama_batch_free(self.batch)
             C.llama_free(self.ptr)
             self.ptr = None

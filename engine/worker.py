@@ -53,7 +53,8 @@ class EngineConfig:
     prefill_chunk: int = 16           # aligned prompt chunk size (see benchmarks.chunking)
     prefix_caching: bool = True
     kv_unified: bool = False
-    flash_attn: bool = True           # False: plain attention (README, "Attention kernels")
+    flash_attn: bool | None = None    # None: flash attention unless the model has K-quants
+                                      # (resolved_for; README, "Attention kernels")
     kv_type: str = "f16"              # KV cache f16 or q8_0 (half the memory; needs flash_attn)
     scheduler: str = "fifo"
     preemption: str = "swap"
@@ -65,9 +66,17 @@ class EngineConfig:
     def __post_init__(self):
         if self.kv_type not in KV_TYPES:
             raise ValueError(f"KV cache type {self.kv_type!r}: one of {', '.join(KV_TYPES)}")
-        if self.kv_type != "f16" and not self.flash_attn:
+        if self.kv_type != "f16" and self.flash_attn is False:
             raise ValueError(f"a {self.kv_type} KV cache needs flash attention (llama.cpp "
                              "quantizes V only for its flash-attention kernel)")
+
+    def resolved_for(self, model: Model) -> "EngineConfig":
+        """With flash_attn None (auto): flash attention, exact on ggml's reference path, unless
+        the model's weights are K-quants, whose tiled matmul that path turns off (a q8_0 cache
+        needs flash attention either way)."""
+        if self.flash_attn is not None:
+            return self
+        return replace(self, flash_attn=self.kv_type != "f16" or not model.has_k_quants)
 
     @property
     def n_seq_max(self) -> int:
@@ -102,6 +111,7 @@ class Worker:
     def __init__(self, name: str, model: Model, config: EngineConfig,
                  observer: Observer | None = None, publish_prefixes: bool = False,
                  budget: CoreBudget | None = None):
+        config = config.resolved_for(model)
         self.name, self.model, self.config = name, model, config
         self.budget = budget   # threads shared with the process's other contexts (elastic)
         # the most threads this context may use: its own, or all of the budget's when it lends

@@ -18,8 +18,9 @@ KV cache, a stream copy with split KV (share_cells=False). With split KV a finis
 moves its cached blocks to the highest free seq id, so running sequences keep low, contiguous
 ids (llama.cpp batches only consecutive seq ids of split streams into one ubatch). Reuse stops on
 a multiple of `reuse_grid`: by default `prefill_chunk`, so that a cached prompt is computed in
-exactly the same pieces as a cold one; a block boundary where any cut of a prompt into pieces of
-2 or more tokens computes the same numbers (the worker's kernels: README "Exact answers"), and
+exactly the same pieces as a cold one (for kernels whose numbers depend on the cut); the worker
+sets a block boundary, since its kernels compute the same numbers for any cut of a prompt into
+pieces of 2 or more tokens (README "Exact answers"), and
 the scheduler then keeps the rest of the prompt at 2 tokens or more unless a cold run computes
 its last token alone too. On blocks, a hit may also end inside one: past its last matched block,
 the cached block that continues it with the most of the prompt's next tokens lends those cells

@@ -61,7 +61,8 @@ def engine_from_env() -> EngineConfig:
         prefill_chunk=int(_env("PREFILL_CHUNK", "16")),
         prefix_caching=_flag("PREFIX_CACHING", True),
         kv_unified=_flag("KV_UNIFIED", False),
-        flash_attn=_flag("FLASH_ATTN", True),
+        flash_attn=(None if _env("FLASH_ATTN", "auto").strip().lower() in ("", "auto")
+                    else _flag("FLASH_ATTN", False)),
         kv_type=_env("KV_TYPE", "") or "f16",
         scheduler=_env("SCHEDULER", "fifo"),
         preemption=_env("PREEMPTION", "swap"),

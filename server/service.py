@@ -153,7 +153,7 @@ class Service:
                      "%s %s KV, %s attention", spec.name, spec.path, spec.contexts,
                      spec.engine.n_threads, spec.engine.n_ctx, spec.engine.max_seqs,
                      "unified" if spec.engine.kv_unified else "split", spec.engine.kv_type,
-                     "flash" if spec.engine.flash_attn else "plain")
+                     "flash" if workers[0].config.flash_attn else "plain")
             log.info("%s: tool_format %s", spec.name,   # server/tools.py
                      self.models[spec.name].tool_format or "none (no chat template)")
 

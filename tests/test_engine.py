@@ -322,17 +322,20 @@ def next_logits_of_first(ctx, prompts, seqs):
 @pytest.mark.parametrize("flash_attn", [False, True], ids=["plain", "flash"])
 @pytest.mark.parametrize("path", [SMOLLM2, GEMMA3], ids=["smollm2-q4_1", "gemma3-q4_k_m"])
 def test_logits_do_not_depend_on_how_many_sequences_decode_beside(path, flash_attn):
-    """Bitwise the same logits for a sequence decoded alone and beside 3 or 5 others (4 and 6
-    rows: llama.cpp's repacked weight layouts switch from a row-by-row kernel to a 4-row one at
-    4, which changed Gemma 3's greedy answers; engine.Model loads without repacking). Gemma's
-    Q4_K, Q5_0 and Q8_0 tensors cover the other kernels its layers use; both attention kernels
-    (flash over f16 on ggml's reference path)."""
+    """Bitwise the same logits for a sequence decoded alone and beside 1 to 15 others. 4 rows:
+    llama.cpp's repacked weight layouts switch from a row-by-row kernel to a 4-row one there,
+    which changed Gemma 3's greedy answers (engine.Model loads without repacking). 8 rows:
+    ggml's tiled matmul takes Gemma's K-quant weights there, and with flash attention on
+    ggml's default path Gemma's logits moved by 1.1 from 8 rows up (measured; the reference
+    path keeps them). Gemma's Q4_K, Q6_K, Q5_0 and Q8_0 tensors cover the kernels its layers
+    use; both attention kernels."""
     import numpy as np
     from engine.llama import Context, ContextConfig
     if not path.exists():
         pytest.fail(f"{path} is missing: run `make models`")
     m = Model(path)
-    ctx = Context(m, ContextConfig(n_ctx=256 * 6, n_seq_max=6, n_batch=64, n_threads=2,
+    assert m.has_k_quants == (path == GEMMA3)
+    ctx = Context(m, ContextConfig(n_ctx=256 * 16, n_seq_max=16, n_batch=256, n_threads=2,
                                    kv_unified=False, flash_attn=flash_attn))
     try:
         # text, not random token ids: measured, repacking changed the logits of these prompts'
@@ -340,12 +343,14 @@ def test_logits_do_not_depend_on_how_many_sequences_decode_beside(path, flash_at
         prompts = [m.tokenize(t) for t in (
             "Once upon a time there was a farmer who", "The capital of France is a city that",
             "def fibonacci(n):", "In 1905 Albert Einstein published", "My favourite recipe is",
-            "The stock market today")]
+            "The stock market today", "Rain fell on the", "A good book is",
+            "Mountains rise above", "The recipe calls for", "Computers are", "In the year 2000",
+            "My dog likes", "The ocean is", "Music makes", "Winter is coming and")]
         for seq, toks in enumerate(prompts):
             assert ctx.decode([(seq, toks, 0, False)]) == 0
 
         alone = next_logits_of_first(ctx, prompts, [0])
-        for k in (2, 4, 6):
+        for k in (2, 4, 6, 8, 16):
             assert np.array_equal(alone, next_logits_of_first(ctx, prompts, list(range(k)))), \
                 f"beside {k - 1} others"
     finally:
@@ -367,12 +372,12 @@ def test_logits_do_not_depend_on_the_batch_or_the_thread_count(model, flash_attn
     thread count (measured: up to 0.47 in a logit, 2 of 6 greedy chat answers changed). If that
     case fails after a llama.cpp upgrade, ggml changed its kernel: rethink the reference path."""
     import numpy as np
-    from engine.llama import Context, ContextConfig, use_reference_attention
+    from engine.llama import Context, ContextConfig
     ctx = Context(model, ContextConfig(n_ctx=1024 * 3, n_seq_max=3, n_batch=64, n_threads=2,
                                        kv_unified=False, flash_attn=flash_attn, kv_type=kv_type))
     try:
         if not reference:
-            assert use_reference_attention(ctx.ptr, on=False)
+            ctx.use_ggml_default_attention()
         rng = random.Random(3)
         prompts = [[rng.randrange(1000, 40000) for _ in range(n)] for n in (600, 40, 200)]
         for seq, toks in enumerate(prompts):
@@ -391,20 +396,26 @@ def test_logits_do_not_depend_on_the_batch_or_the_thread_count(model, flash_attn
         ctx.close()
 
 
-def test_the_cpu_backend_is_found_only_where_it_is(model):
+def test_each_context_finds_its_own_cpu_backend(model):
     """engine.llama.cpu_backend_of reads a context object's words to find its CPU backend
-    (llama.h has no getter); in memory that holds none it finds nothing, without reading
-    unmapped memory."""
+    (llama.h has no getter): two flash-attention contexts claim two different backends, a
+    closed one gives its back, and memory full of words that point nowhere (unmapped
+    addresses, odd ones, null) finds nothing and does not crash."""
     import ctypes
 
-    from engine.llama import Context, ContextConfig, cpu_backend_of
-    ctx = Context(model, ContextConfig(n_ctx=256, n_seq_max=1, n_batch=32, n_threads=1))
+    from engine.llama import Context, ContextConfig, _claimed_backends, cpu_backend_of
+    config = ContextConfig(n_ctx=256, n_seq_max=1, n_batch=32, n_threads=1, flash_attn=True)
+    a, b = Context(model, config), Context(model, config)
     try:
-        assert cpu_backend_of(ctx.ptr) is not None
-        zeros = ctypes.create_string_buffer(4096)
-        assert cpu_backend_of(ctypes.cast(zeros, ctypes.c_void_p), scan_bytes=4096) is None
+        assert a.cpu_backend and b.cpu_backend and a.cpu_backend != b.cpu_backend
+        assert {a.cpu_backend, b.cpu_backend} <= _claimed_backends
+        junk = (ctypes.c_uint64 * 512)(*[8, 0x10, 0xdead0000, 7, 2 ** 63 + 8, 0] * 85, 0, 0)
+        assert cpu_backend_of(ctypes.cast(junk, ctypes.c_void_p), scan_bytes=4096) is None
     finally:
-        ctx.close()
+        backend = a.cpu_backend
+        a.close()
+        b.close()
+    assert backend not in _claimed_backends
 
 
 def test_flash_attention_computes_every_cut_of_a_prompt_alike(model):
@@ -415,12 +426,12 @@ def test_flash_attention_computes_every_cut_of_a_prompt_alike(model):
     query rows of one sequence in tiles, other numbers than row by row (the last case, with the
     reference path turned off); engine.Context keeps it on the reference path."""
     import numpy as np
-    from engine.llama import Context, ContextConfig, use_reference_attention
+    from engine.llama import Context, ContextConfig
     contexts = {name: Context(model, ContextConfig(n_ctx=512 * 2, n_seq_max=2, n_batch=256,
                                                    n_threads=2, kv_unified=False,
                                                    flash_attn=True, kv_type=kv))
                 for name, kv in (("f16", "f16"), ("q8_0", "q8_0"), ("f16-ggml-default", "f16"))}
-    assert use_reference_attention(contexts["f16-ggml-default"].ptr, on=False)
+    contexts["f16-ggml-default"].use_ggml_default_attention()
     rng = random.Random(5)
     toks = [rng.randrange(1000, 40000) for _ in range(161)]
     after = [rng.randrange(1000, 40000) for _ in range(3)]

@@ -53,7 +53,7 @@ def test_last_prompt_token_is_always_recomputed():
 
 
 def test_a_hit_may_end_inside_a_block_copying_the_cells_from_the_block_that_continues_it():
-    manager, kv = make(num_blocks=32, prefill_chunk=2 * BS, reuse_grid=BS)   # plain attention
+    manager, kv = make(num_blocks=32, prefill_chunk=2 * BS, reuse_grid=BS)   # as the worker
     a_tokens = list(range(16))
     a = manager.open(a_tokens, 15, 17)
     compute(manager, kv, a, a_tokens, 0, 16)
@@ -91,7 +91,7 @@ def test_a_partial_hit_never_leaves_a_single_token_before_a_grid_line():
 
 
 def test_no_partial_hit_where_reuse_stays_on_the_grid():
-    manager, kv = make(num_blocks=32, prefill_chunk=2 * BS)   # flash attention: on the grid
+    manager, kv = make(num_blocks=32, prefill_chunk=2 * BS)   # reuse on the grid
     a_tokens = list(range(16))
     a = manager.open(a_tokens, 15, 17)
     compute(manager, kv, a, a_tokens, 0, 16)

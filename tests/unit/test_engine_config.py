@@ -6,11 +6,23 @@ from engine.worker import EngineConfig
 from server.config import engine_from_env
 
 
-def test_the_default_is_flash_attention_over_an_f16_cache():
+class FakeModel:
+    def __init__(self, has_k_quants):
+        self.has_k_quants = has_k_quants
+
+
+def test_by_default_flash_attention_unless_the_weights_are_k_quants():
     cfg = EngineConfig()
-    assert cfg.flash_attn and cfg.kv_type == "f16"
-    assert EngineConfig(kv_type="q8_0").kv_type == "q8_0"
-    assert not EngineConfig(flash_attn=False).flash_attn
+    assert cfg.flash_attn is None and cfg.kv_type == "f16"
+    assert cfg.resolved_for(FakeModel(False)).flash_attn is True
+    assert cfg.resolved_for(FakeModel(True)).flash_attn is False
+    # a q8_0 cache needs flash attention whatever the weights
+    assert EngineConfig(kv_type="q8_0").resolved_for(FakeModel(True)).flash_attn is True
+    # a setting is kept as it is
+    for setting in (True, False):
+        for k_quants in (True, False):
+            assert (EngineConfig(flash_attn=setting).resolved_for(FakeModel(k_quants)).flash_attn
+                    is setting)
 
 
 def test_a_quantized_cache_without_flash_attention_is_refused():
@@ -24,10 +36,13 @@ def test_the_environment_picks_kernel_and_cache(monkeypatch):
     monkeypatch.delenv("PAGEDLLAMA_FLASH_ATTN", raising=False)
     monkeypatch.delenv("PAGEDLLAMA_KV_TYPE", raising=False)
     cfg = engine_from_env()
-    assert (cfg.flash_attn, cfg.kv_type) == (True, "f16")
+    assert (cfg.flash_attn, cfg.kv_type) == (None, "f16")
+    monkeypatch.setenv("PAGEDLLAMA_FLASH_ATTN", "auto")
+    assert engine_from_env().flash_attn is None
     monkeypatch.setenv("PAGEDLLAMA_FLASH_ATTN", "0")
     assert (engine_from_env().flash_attn, engine_from_env().kv_type) == (False, "f16")
     monkeypatch.setenv("PAGEDLLAMA_FLASH_ATTN", "1")
+    assert engine_from_env().flash_attn is True
     monkeypatch.setenv("PAGEDLLAMA_KV_TYPE", "q8_0")
     assert engine_from_env().kv_type == "q8_0"
     monkeypatch.setenv("PAGEDLLAMA_KV_TYPE", "")

@@ -441,9 +441,9 @@ def test_random_workloads_under_kv_pressure_end_with_balanced_books(policy, pree
 
 
 def test_merged_cells_take_a_lone_prompt_in_one_piece_and_keep_a_one_token_tail_apart():
-    """merge_cells (plain attention): while nothing decodes, a prompt takes several grid cells
-    at once, up to the budget; pieces end on the grid except the tail, and a 1-token tail is a
-    piece of its own (a cache hit can leave exactly that token, FINDINGS.md)."""
+    """merge_cells (as the worker sets it): while nothing decodes, a prompt takes several grid
+    cells at once, up to the budget; pieces end on the grid except the tail, and a 1-token tail
+    is a piece of its own (a cache hit can leave exactly that token, FINDINGS.md)."""
     def pieces(n_prompt, budget=24, merge=True, others=(), few=0):
         sched, kv = make(budget=budget, blocks=128)
         sched.merge_cells = merge
