@@ -40,8 +40,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--kv-unified", action="store_true",
                    help="unified KV in the raw loop and the server (default: split)")
     p.add_argument("--attention", choices=("flash", "plain"), default="flash",
-                   help="attention kernel in the raw loop and the server (default: flash, "
-                        "as the server)")
+                   help="attention kernel in the raw loop and the server, set for both "
+                        "(default: flash)")
     p.add_argument("--reps", type=int, default=1, help="alternating repetitions (median kept)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--base-url", default=None,

@@ -31,7 +31,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="cells per sequence (default: input + output rounded up to 256)")
     p.add_argument("--kv-unified", action="store_true", help="one KV pool (default: split)")
     p.add_argument("--attention", choices=("flash", "plain"), default="flash",
-                   help="attention kernel (default: flash, as the server)")
+                   help="attention kernel (default: flash, what the server picks for a "
+                        "file without K-quants, such as the default model)")
     p.add_argument("--reps", type=int, default=1, help="runs per batch size; the best is kept")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--result-file", default=None)
