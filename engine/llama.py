@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import bisect
 import ctypes
+import functools
 import logging
 import os
 import threading
@@ -59,9 +60,10 @@ def _readable_spans() -> tuple[list[int], list[int]]:
     return starts, ends
 
 
+@functools.cache
 def _ggml_cpu() -> ctypes.CDLL:
     """llama-cpp-python's libggml-cpu (the library llama.cpp already loaded: same file, same
-    handle), from where llama-cpp-python loads its libraries."""
+    handle), from where llama-cpp-python loads its libraries; opened once."""
     lib_dir = os.environ.get("LLAMA_CPP_LIB_PATH") or os.path.join(os.path.dirname(C.__file__),
                                                                    "lib")
     lib = ctypes.CDLL(os.path.join(lib_dir, "libggml-cpu.so"))
@@ -272,17 +274,16 @@ class Context:
         if not self.ptr:
             raise RuntimeError(f"llama.cpp could not create a context ({config})")
         self.cpu_backend: int | None = None
-        try:
-            if config.flash_attn:
+        if config.flash_attn:
+            try:
                 self.cpu_backend = use_reference_attention(self.ptr)
-        except Exception as exc:   # the library or /proc/self/maps could not be read
-            C.llama_free(self.ptr)
-            raise RuntimeError(f"flash attention: ggml's CPU backend could not be set up ({exc})")
-        if config.flash_attn and self.cpu_backend is None:
-            C.llama_free(self.ptr)
-            raise RuntimeError("flash attention: this llama.cpp's CPU backend was not found in "
-                               "its context, so its attention kernel cannot be made exact; "
-                               "turn flash attention off (PAGEDLLAMA_FLASH_ATTN=0)")
+                if self.cpu_backend is None:
+                    raise LookupError("not found in the context")
+            except Exception as exc:   # also: the library or /proc/self/maps could not be read
+                C.llama_free(self.ptr)
+                raise RuntimeError(f"flash attention: this llama.cpp's CPU backend could not be "
+                                   f"put on its exact path ({exc}); turn flash attention off "
+                                   "(PAGEDLLAMA_FLASH_ATTN=0)") from exc
         self.n_ctx = C.llama_n_ctx(self.ptr)
         self.n_ctx_seq = C.llama_n_ctx_seq(self.ptr)
         self.mem = C.llama_get_memory(self.ptr)

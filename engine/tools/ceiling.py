@@ -24,7 +24,7 @@ class CeilingConfig:
     n_ctx_seq: int = 2048          # cells per sequence (the server's PAGEDLLAMA_N_CTX)
     n_batch: int = 256             # tokens per llama_decode (the server's max batch tokens)
     kv_unified: bool = False       # split KV, as the server's default
-    flash_attn: bool = True        # on, as the server's default
+    flash_attn: bool = True        # on, as the server's default for files without K-quants
 
 
 @dataclass
