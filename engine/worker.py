@@ -26,6 +26,7 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from engine.detok import TextStream
@@ -47,7 +48,8 @@ class EngineConfig:
     n_ctx: int = 2048                 # per sequence: the longest prompt + output
     max_seqs: int = 16
     n_threads: int = 2
-    max_batch_tokens: int = 256
+    max_batch_tokens: int = 256       # tokens per step (decodes first, then prompt chunks)
+    wave_batch_tokens: int = 0        # a wave of prompts in one step (scheduler doc); 0: off
     block_size: int = 8               # KV budget and prefix-cache lookup unit (hits may end
                                       # inside one)
     prefill_chunk: int = 16           # aligned prompt chunk size (see benchmarks.chunking)
@@ -79,6 +81,11 @@ class EngineConfig:
         return replace(self, flash_attn=self.kv_type != "f16" or not model.has_k_quants)
 
     @property
+    def step_tokens(self) -> int:
+        """The most tokens one step (one llama_decode) may take."""
+        return max(self.max_batch_tokens, self.wave_batch_tokens)
+
+    @property
     def n_seq_max(self) -> int:
         return min(256, self.max_seqs + (self.cache_seqs if self.prefix_caching else 0))
 
@@ -104,6 +111,9 @@ class QueueFull(Exception):
 
 Delivery = tuple[Request, Event]
 
+# How long after requests ended together a step waits for their clients' next ones (_gather).
+GATHER_S = 0.1
+
 
 class Worker:
     """One llama.cpp context and the thread that runs its step loop."""
@@ -118,7 +128,7 @@ class Worker:
         self.max_threads = budget.total if budget else config.n_threads
         self.observer = observer or Observer()
         self.context = Context(model, ContextConfig(
-            n_ctx=config.total_cells, n_seq_max=config.n_seq_max, n_batch=config.max_batch_tokens,
+            n_ctx=config.total_cells, n_seq_max=config.n_seq_max, n_batch=config.step_tokens,
             n_threads=config.n_threads, kv_unified=config.kv_unified,
             flash_attn=config.flash_attn, kv_type=config.kv_type))
         self.manager = BlockManager(
@@ -131,7 +141,7 @@ class Worker:
         self.scheduler = Scheduler(
             self.manager, make_policy(config.scheduler), max_seqs=config.max_seqs,
             max_batch_tokens=config.max_batch_tokens, preemption=config.preemption,
-            merge_cells=True)
+            merge_cells=True, wave_batch_tokens=config.wave_batch_tokens)
         self.max_seq_len = min(config.n_ctx, self.context.n_ctx_seq)
         self.inbox: deque[InboxMessage] = deque()
         self.wakeup = threading.Event()
@@ -149,6 +159,10 @@ class Worker:
         self.publish_prefixes = publish_prefixes
         self.cached_hashes: frozenset[int] = frozenset()   # published for the router
         self.stats = self._collect_stats()                 # published for /health and metrics
+        # how many requests for this model are having their prompt prepared now (set by the
+        # service): a step that starts a burst of prompts waits for them (_gather)
+        self.incoming: Callable[[], int] = lambda: 0
+        self._expect = (0, 0.0)   # requests that ended together, and until when (_gather)
         self._stop = False
         self._thread = threading.Thread(target=self._run, name=f"engine-{name}", daemon=True)
 
@@ -229,6 +243,7 @@ class Worker:
                         self.wakeup.wait()
                         self.wakeup.clear()
                         continue
+                    self._gather()
                     self._step()
                 except Exception as exc:   # a broken context fails its own requests only
                     log.exception("engine %s step failed", self.name)
@@ -236,6 +251,33 @@ class Worker:
         finally:   # however the thread ends, it no longer keeps the others on their own share
             if self.budget:
                 self.budget.idle(self.name)
+
+    def _gather(self) -> None:
+        """Wait a moment for the rest of a wave before planning a step (scheduler module doc):
+        after k >= 2 requests ended in one step, their clients' next requests come back
+        together but one by one over some milliseconds (each is parsed and tokenized first),
+        and a step planned at the first would start it alone and split the wave. So once one
+        is here, wait (until GATHER_S after those requests ended) for k, and for any still
+        having its prompt prepared, as long as they would make a wave. Only the few streams
+        beside a wave wait on this; a request that comes alone expects no others."""
+        if not self.scheduler.waiting or not self.config.wave_batch_tokens:
+            return
+        expect, until = self._expect
+        decoding = sum(1 for s in self.scheduler.running if s.is_decoding)
+        now = time.monotonic()
+        if now >= until or not self.scheduler.is_wave(decoding, max(0, expect - len(
+                self.scheduler.waiting))):
+            expect = 0
+            if decoding or not self.incoming():   # from idle: only prompts being prepared
+                return
+            until = now + GATHER_S
+        while len(self.scheduler.waiting) < expect or self.incoming():
+            left = until - time.monotonic()
+            if left <= 0 or not self.wakeup.wait(left):
+                break
+            self.wakeup.clear()
+            self._drain_inbox()
+        self._expect = (0, 0.0)
 
     def _drain_inbox(self) -> None:
         while self.inbox:
@@ -279,6 +321,9 @@ class Worker:
             self.wakeup.wait(0.005)   # waiting requests that cannot start yet
             self.wakeup.clear()
         t1 = time.perf_counter()
+        ended = sum(1 for _, e in events if e.finish_reason)
+        if ended >= 2 and self.config.wave_batch_tokens:   # the next wave may be coming
+            self._expect = (ended, time.monotonic() + GATHER_S)
         self._apply(self.manager.take_ops())   # frees of requests that finished this step
         self._deliver(events)
         self._publish()

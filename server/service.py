@@ -145,9 +145,11 @@ class Service:
                 template = ChatTemplate(model.chat_template, model.token_text(model.bos_id),
                                         model.token_text(model.eos_id))
             embedder = Embedder(model, spec.engine.n_ctx, spec.engine.n_threads)
-            self.models[spec.name] = LoadedModel(spec, model, workers, gguf_facts(spec.path),
-                                                 template, embedder, bound)
+            lm = LoadedModel(spec, model, workers, gguf_facts(spec.path), template, embedder,
+                             bound)
+            self.models[spec.name] = lm
             for w in workers:
+                w.incoming = lambda lm=lm: lm.preparing   # a burst starts in one step
                 w.start()
             log.info("serving %s from %s: %d context(s) x %d threads, n_ctx %d, %d sequences, "
                      "%s %s KV, %s attention", spec.name, spec.path, spec.contexts,

@@ -556,3 +556,79 @@ def test_a_prompt_waiting_on_a_shared_prefix_lends_its_cell_to_the_one_computing
     per_step, first, cuts = _prompt_pieces(sched, kv, [a, b])
     assert cuts[0][:2] == [(0, 8), (8, 16)]
     assert b.num_cached_tokens == 16 and first[0] <= 3
+
+
+
+def _wave_sched(wave=48, ratio=2.0):
+    sched, kv = make(budget=24, blocks=256, max_seqs=8, seq_ids=16)
+    sched.merge_cells, sched.wave_batch_tokens, sched.wave_ratio = True, wave, ratio
+    return sched, kv
+
+
+def _decoding(sched, kv, n):
+    streams = [seq(3, max_tokens=500, base=900 + 10 * i) for i in range(n)]
+    for s in streams:
+        sched.add(s)
+    while not all(s.is_decoding for s in streams):
+        step(sched, kv)
+    return streams
+
+
+def test_a_wave_of_prompts_arriving_together_is_computed_in_one_step_and_decodes_in_step():
+    sched, kv = _wave_sched()
+    wave = [seq(10, max_tokens=5, base=100 * i) for i in range(4)]
+    for s in wave:
+        sched.add(s)
+    plan = step(sched, kv)
+    assert plan.wave and plan.budget == 48
+    assert [(c.seq, c.start, c.end) for c in plan.chunks] == [(s, 0, 10) for s in wave]
+    plan = step(sched, kv)                       # now they decode: one token each, in step
+    assert [(c.seq, c.end - c.start) for c in plan.chunks] == [(s, 1) for s in wave]
+
+
+def test_without_waves_the_same_prompts_spread_over_steps():
+    sched, kv = _wave_sched(wave=0)
+    wave = [seq(10, max_tokens=5, base=100 * i) for i in range(4)]
+    for s in wave:
+        sched.add(s)
+    assert not step(sched, kv).wave
+    assert [s.num_output for s in wave] == [1, 1, 0, 0]
+
+
+def test_a_wave_beside_a_few_streams_is_computed_whole_in_one_step():
+    """Four prompts beside one decoding stream (at least wave_ratio times as many): one step
+    takes the stream's token and every prompt whole."""
+    sched, kv = _wave_sched()
+    (a,) = _decoding(sched, kv, 1)
+    wave = [seq(10, max_tokens=5, base=100 * i) for i in range(4)]
+    for s in wave:
+        sched.add(s)
+    plan = step(sched, kv)
+    assert plan.wave
+    assert [(c.seq, c.end - c.start) for c in plan.chunks] == [(a, 1)] + [(s, 10) for s in wave]
+
+
+def test_one_prompt_beside_streams_is_no_wave_and_still_takes_one_cell_a_step():
+    """Fewer prompts than wave_ratio times the streams: the streams' steps stay short."""
+    sched, kv = _wave_sched(wave=200)
+    p = seq(16, base=300)
+    per_step, first, _ = _prompt_pieces(sched, kv, [p], streams=2)
+    assert per_step == [4, 4, 4, 4] and first == [4]
+
+
+def test_a_wave_that_does_not_fit_one_step_beside_streams_is_chunked_as_before():
+    sched, kv = _wave_sched(wave=30)
+    _decoding(sched, kv, 1)
+    wave = [seq(10, max_tokens=5, base=100 * i) for i in range(3)]   # 30 + 1 > 30
+    for s in wave:
+        sched.add(s)
+    assert not sched.is_wave(1)
+    assert not step(sched, kv).wave
+
+
+def test_a_wave_counts_the_requests_still_expected():
+    sched, kv = _wave_sched()
+    _decoding(sched, kv, 2)
+    sched.add(seq(10, base=100))
+    assert not sched.is_wave(2)
+    assert sched.is_wave(2, arriving=3)
