@@ -253,31 +253,29 @@ class Worker:
                 self.budget.idle(self.name)
 
     def _gather(self) -> None:
-        """Wait a moment for the rest of a wave before planning a step (scheduler module doc):
-        after k >= 2 requests ended in one step, their clients' next requests come back
-        together but one by one over some milliseconds (each is parsed and tokenized first),
-        and a step planned at the first would start it alone and split the wave. So once one
-        is here, wait (until GATHER_S after those requests ended) for k, and for any still
-        having its prompt prepared, as long as they would make a wave. Only the few streams
-        beside a wave wait on this; a request that comes alone expects no others."""
+        """Wait a moment for the rest of a wave before planning a step (scheduler module doc).
+        After k requests ended in one step, their clients' next requests come back together but
+        one by one over some milliseconds (each is parsed and tokenized first), and a step
+        planned at the first would start it alone and split the wave. So once one is here, and
+        while they would make a wave, wait for k (until GATHER_S after those ended), and for
+        any prompt still being prepared (from the first request on, at most GATHER_S). Only
+        the few streams beside a wave wait on this; a request that comes alone expects none."""
         if not self.scheduler.waiting or not self.config.wave_batch_tokens:
             return
-        expect, until = self._expect
-        decoding = sum(1 for s in self.scheduler.running if s.is_decoding)
+        (expect, until), self._expect = self._expect, (0, 0.0)
         now = time.monotonic()
-        if now >= until or not self.scheduler.is_wave(decoding, max(0, expect - len(
-                self.scheduler.waiting))):
-            expect = 0
-            if decoding or not self.incoming():   # from idle: only prompts being prepared
-                return
-            until = now + GATHER_S
-        while len(self.scheduler.waiting) < expect or self.incoming():
+        if now >= until:
+            expect, until = 0, now + GATHER_S
+        decoding = sum(1 for s in self.scheduler.running if s.is_decoding)
+        waiting = self.scheduler.waiting
+        if not self.scheduler.is_wave(decoding, max(expect - len(waiting), self.incoming())):
+            return
+        while len(waiting) < expect or self.incoming():
             left = until - time.monotonic()
             if left <= 0 or not self.wakeup.wait(left):
-                break
+                return
             self.wakeup.clear()
             self._drain_inbox()
-        self._expect = (0, 0.0)
 
     def _drain_inbox(self) -> None:
         while self.inbox:
@@ -322,7 +320,7 @@ class Worker:
             self.wakeup.clear()
         t1 = time.perf_counter()
         ended = sum(1 for _, e in events if e.finish_reason)
-        if ended >= 2 and self.config.wave_batch_tokens:   # the next wave may be coming
+        if ended > 1 and self.config.wave_batch_tokens:   # the next wave may be coming
             self._expect = (ended, time.monotonic() + GATHER_S)
         self._apply(self.manager.take_ops())   # frees of requests that finished this step
         self._deliver(events)

@@ -12,10 +12,10 @@ bit-identical results. With merge_cells (where any cut into pieces of 2+ tokens 
 same numbers: every kernel the worker uses, README "Exact answers") a piece may span cells, and
 a hit may end on any token; _max_reuse keeps the 1-token-tail rule either way.
 
-Waves (wave_batch_tokens, off when it is not above max_batch_tokens): when prompts that want
-computing outnumber the decoding streams by wave_ratio or more (nothing decodes, or a burst of
-requests arrived beside a few streams) and all of them fit wave_batch_tokens, the step takes them
-all, whole: their streams get their first tokens together and then decode in step, finish
+Waves (wave_batch_tokens, off when it is not above max_batch_tokens): when more than
+few_decoding prompts want computing, at least wave_ratio times as many as the decoding streams
+(nothing decodes, or a burst of requests arrived beside a few streams), and all of them fit
+wave_batch_tokens, the step takes them all, whole: their streams get their first tokens together and then decode in step, finish
 together, and their clients' next requests come back together as the next wave. Without it the
 first prompts of a burst decode beside the later ones' chunks, and every stream's steps carry
 some other prompt's chunk for the rest of the run (measured at 16 closed-loop streams: ITL p50
@@ -223,17 +223,34 @@ class Scheduler:
 
     def is_wave(self, decoding: int, arriving: int = 0) -> bool:
         """Whether the prompts that want computing (and `arriving` more) make a wave beside
-        `decoding` streams: at least wave_ratio times as many, and all fit one step (module
-        doc)."""
+        `decoding` streams: more than few_decoding of them (fewer are cheaper beside the
+        streams, module doc), at least wave_ratio times as many as the streams, and, while any
+        stream decodes, all of them fit one step."""
         if self.wave_batch_tokens <= self.max_batch_tokens:
             return False
         free = self.max_seqs - self._slots_used()
         new = [s for s in self.waiting if s.fork_of is None][:max(free, 0)]
         wanting = [s for s in self.running if not s.is_decoding] + new
-        if len(wanting) + arriving < max(1, self.wave_ratio * decoding):
+        n = len(wanting) + arriving
+        if n <= self.few_decoding or n < self.wave_ratio * decoding:
             return False
-        tokens = sum(len(s.tokens) - s.num_computed for s in wanting)
-        return decoding == 0 or tokens + decoding <= self.wave_batch_tokens
+        return (decoding == 0 or sum(map(self._to_compute, wanting)) + decoding
+                <= self.wave_batch_tokens)
+
+    def _to_compute(self, seq: Sequence) -> int:
+        """Prompt tokens a sequence has still to compute; for one not yet started, less the
+        leading blocks the prefix cache holds or another sequence is computing now."""
+        n = len(seq.tokens)
+        if seq.alloc is not None or seq.saved_key is not None or seq.prompt_logits:
+            return n - seq.num_computed
+        if seq.hashes is None:
+            seq.hashes = self.manager.hashes(seq.tokens)
+        held = 0
+        for h in seq.hashes:
+            if h not in self.manager.cache and h not in self.inflight:
+                break
+            held += 1
+        return n - min(held * self.manager.block_size, self._max_reuse(seq))
 
     def _prefill_allowance(self, plan: StepPlan) -> int | None:
         """Prompt tokens this step may take once its decode tokens are planned (module doc)."""

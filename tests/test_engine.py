@@ -251,6 +251,39 @@ def test_prompts_prefilled_next_to_running_streams_get_their_solo_answers(model)
             worker.stop()
 
 
+def test_a_wave_of_requests_is_computed_in_one_step_and_changes_no_answer(model):
+    """wave_batch_tokens: prompts that arrive together (the worker waits for those still being
+    prepared) are computed whole in one step, here ~840 tokens against a 128-token step budget,
+    so 16 tokens each take 16 steps in all; and their greedy answers are the ones computed
+    without waves (other pieces, other batches). (Without prefix caching: with it, the first
+    computes the shared system prompt and the others their rest in the next step.)"""
+    prompts = [chat_prompt(model, q) for q in QUESTIONS]
+    answers, steps = {}, {}
+    for wave in (0, 1024):
+        worker = make_worker(model, wave_batch_tokens=wave, prefix_caching=False)
+        pending = [len(prompts)]
+        worker.incoming = lambda: pending[0]   # as the service counts prompts being prepared
+        try:
+            async def main():
+                async def one(p):
+                    task = asyncio.ensure_future(generate(worker, p, max_tokens=16,
+                                                          ignore_eos=True))
+                    await asyncio.sleep(0)   # submitted
+                    pending[0] -= 1
+                    return await task
+                tasks = []
+                for p in prompts:
+                    tasks.append(asyncio.ensure_future(one(p)))
+                    await asyncio.sleep(0.01)   # arriving one by one, as over HTTP
+                return await asyncio.gather(*tasks)
+            answers[wave] = asyncio.run(main())
+            steps[wave] = worker.steps
+        finally:
+            worker.stop()
+    assert steps[1024] == 16 < steps[0]
+    assert answers[1024] == answers[0]
+
+
 def test_split_kv_steps_are_grouped_into_whole_micro_batches(model):
     """Decode tokens go in one call in seq-id order (llama.cpp's split-KV micro-batches need
     consecutive ids), then each prompt-chunk length in its own call."""

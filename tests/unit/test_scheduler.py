@@ -559,7 +559,8 @@ def test_a_prompt_waiting_on_a_shared_prefix_lends_its_cell_to_the_one_computing
 
 
 
-def _wave_sched(wave=48, ratio=2.0):
+
+def _wave_sched(wave=64, ratio=2.0):
     sched, kv = make(budget=24, blocks=256, max_seqs=8, seq_ids=16)
     sched.merge_cells, sched.wave_batch_tokens, sched.wave_ratio = True, wave, ratio
     return sched, kv
@@ -574,13 +575,18 @@ def _decoding(sched, kv, n):
     return streams
 
 
-def test_a_wave_of_prompts_arriving_together_is_computed_in_one_step_and_decodes_in_step():
-    sched, kv = _wave_sched()
-    wave = [seq(10, max_tokens=5, base=100 * i) for i in range(4)]
+def _arrive(sched, n, n_prompt=10, base=0):
+    wave = [seq(n_prompt, max_tokens=5, base=base + 100 * i) for i in range(n)]
     for s in wave:
         sched.add(s)
+    return wave
+
+
+def test_a_wave_of_prompts_arriving_together_is_computed_in_one_step_and_decodes_in_step():
+    sched, kv = _wave_sched()
+    wave = _arrive(sched, 5)
     plan = step(sched, kv)
-    assert plan.wave and plan.budget == 48
+    assert plan.wave and plan.budget == 64
     assert [(c.seq, c.start, c.end) for c in plan.chunks] == [(s, 0, 10) for s in wave]
     plan = step(sched, kv)                       # now they decode: one token each, in step
     assert [(c.seq, c.end - c.start) for c in plan.chunks] == [(s, 1) for s in wave]
@@ -588,21 +594,26 @@ def test_a_wave_of_prompts_arriving_together_is_computed_in_one_step_and_decodes
 
 def test_without_waves_the_same_prompts_spread_over_steps():
     sched, kv = _wave_sched(wave=0)
-    wave = [seq(10, max_tokens=5, base=100 * i) for i in range(4)]
-    for s in wave:
-        sched.add(s)
+    wave = _arrive(sched, 5)
+    assert not step(sched, kv).wave
+    assert [s.num_output for s in wave] == [1, 1, 0, 0, 0]
+
+
+def test_a_few_prompts_are_no_wave():
+    """At most few_decoding prompts: chunked as without waves (beside few streams a prompt
+    is cheaper computed next to their decode tokens than in a step of its own)."""
+    sched, kv = _wave_sched()
+    wave = _arrive(sched, 4)
     assert not step(sched, kv).wave
     assert [s.num_output for s in wave] == [1, 1, 0, 0]
 
 
 def test_a_wave_beside_a_few_streams_is_computed_whole_in_one_step():
-    """Four prompts beside one decoding stream (at least wave_ratio times as many): one step
+    """Five prompts beside one decoding stream (at least wave_ratio times as many): one step
     takes the stream's token and every prompt whole."""
     sched, kv = _wave_sched()
     (a,) = _decoding(sched, kv, 1)
-    wave = [seq(10, max_tokens=5, base=100 * i) for i in range(4)]
-    for s in wave:
-        sched.add(s)
+    wave = _arrive(sched, 5)
     plan = step(sched, kv)
     assert plan.wave
     assert [(c.seq, c.end - c.start) for c in plan.chunks] == [(a, 1)] + [(s, 10) for s in wave]
@@ -617,13 +628,26 @@ def test_one_prompt_beside_streams_is_no_wave_and_still_takes_one_cell_a_step():
 
 
 def test_a_wave_that_does_not_fit_one_step_beside_streams_is_chunked_as_before():
-    sched, kv = _wave_sched(wave=30)
+    sched, kv = _wave_sched(wave=40)
     _decoding(sched, kv, 1)
-    wave = [seq(10, max_tokens=5, base=100 * i) for i in range(3)]   # 30 + 1 > 30
-    for s in wave:
-        sched.add(s)
+    _arrive(sched, 5)                    # 50 prompt tokens + 1 > 40
     assert not sched.is_wave(1)
     assert not step(sched, kv).wave
+
+
+def test_a_wave_counts_what_the_prefix_cache_holds_as_computed():
+    """Five prompts that share a cached 16-token prefix have 4 tokens each to compute: they
+    fit a 40-token wave beside a stream, though their 100 prompt tokens do not."""
+    sched, kv = _wave_sched(wave=40)
+    first = seq(20, max_tokens=1)
+    sched.add(first)
+    run_to_end(sched, kv)
+    (stream,) = _decoding(sched, kv, 1)
+    for i in range(5):
+        sched.add(Sequence(list(range(16)) + [500 + 10 * i + j for j in range(4)], 5, 0, None))
+    assert sched.is_wave(1)
+    plan = step(sched, kv)
+    assert plan.wave and sum(c.end - c.start for c in plan.chunks if c.seq is not stream) == 20
 
 
 def test_a_wave_counts_the_requests_still_expected():
@@ -631,4 +655,4 @@ def test_a_wave_counts_the_requests_still_expected():
     _decoding(sched, kv, 2)
     sched.add(seq(10, base=100))
     assert not sched.is_wave(2)
-    assert sched.is_wave(2, arriving=3)
+    assert sched.is_wave(2, arriving=4)
