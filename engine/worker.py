@@ -49,7 +49,7 @@ class EngineConfig:
     max_seqs: int = 16
     n_threads: int = 2
     max_batch_tokens: int = 256       # tokens per step (decodes first, then prompt chunks)
-    wave_batch_tokens: int = 0        # a wave of prompts in one step (scheduler doc); 0: off
+    wave_batch_tokens: int = 2048     # a wave of prompts in one step (scheduler doc); 0: off
     block_size: int = 8               # KV budget and prefix-cache lookup unit (hits may end
                                       # inside one)
     prefill_chunk: int = 16           # aligned prompt chunk size (see benchmarks.chunking)
@@ -112,7 +112,7 @@ class QueueFull(Exception):
 Delivery = tuple[Request, Event]
 
 # How long after requests ended together a step waits for their clients' next ones (_gather).
-GATHER_S = 0.1
+GATHER_S = 0.25
 
 
 class Worker:

@@ -358,7 +358,8 @@ class Scheduler:
         that was admitted but then found no room to run."""
         self.waiting.sort(key=self.policy.key)
         while plan.num_tokens < plan.budget:
-            seq = next((s for s in self.waiting if s.fork_of is None), None)   # forks wait
+            seq = next((s for s in self.waiting if s.fork_of is None   # forks wait
+                        and not (plan.wave and self._rides(s))), None)
             if seq is None or seq in plan.preempted:
                 return
             if self._slots_used() + seq.num_slots > self.max_seqs or not self._open(seq):
@@ -368,6 +369,20 @@ class Scheduler:
             self.waiting.remove(seq)
             if not self._start(seq, plan):
                 return
+
+    def _rides(self, seq: Sequence) -> bool:
+        """Whether a waiting sequence's prompt goes on into blocks another sequence is computing
+        in this step. A wave leaves it waiting and opens it in the next step with the whole hit:
+        opened now on a hit that ends inside a block (a cached template head), it could not take
+        the blocks computed meanwhile (BlockManager.extend) and would compute them again."""
+        if not self.inflight or seq.alloc is not None or seq.saved_key is not None:
+            return False
+        if seq.hashes is None:
+            seq.hashes = self.manager.hashes(seq.tokens)
+        for h in seq.hashes:
+            if h not in self.manager.cache:
+                return h in self.inflight
+        return False
 
     def _slots_used(self) -> int:
         return sum(s.num_slots for s in self.running)

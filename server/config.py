@@ -57,7 +57,7 @@ def engine_from_env() -> EngineConfig:
         max_seqs=int(_env("MAX_SEQS", "16")),
         n_threads=int(_env("THREADS", str(os.cpu_count() or 2))),
         max_batch_tokens=int(_env("MAX_BATCH_TOKENS", "256")),
-        wave_batch_tokens=int(_env("WAVE_BATCH_TOKENS", "0")),
+        wave_batch_tokens=int(_env("WAVE_BATCH_TOKENS", "2048")),
         block_size=int(_env("BLOCK_SIZE", "8")),
         prefill_chunk=int(_env("PREFILL_CHUNK", "16")),
         prefix_caching=_flag("PREFIX_CACHING", True),

@@ -656,3 +656,20 @@ def test_a_wave_counts_the_requests_still_expected():
     sched.add(seq(10, base=100))
     assert not sched.is_wave(2)
     assert sched.is_wave(2, arriving=4)
+
+
+def test_in_a_wave_a_prompt_whose_prefix_another_computes_waits_and_then_takes_the_whole_hit():
+    """The first of a wave sharing an uncached prefix computes it; the others stay waiting (were
+    they opened now on a hit ending inside a block, they could not take those blocks later)
+    and open in the next step with the prefix as a hit, computing only their own tokens."""
+    sched, kv = _wave_sched()
+    shared = list(range(16))
+    wave = [Sequence(shared + [500 + 10 * i + j for j in range(4)], 5, 0, None) for i in range(6)]
+    for s in wave:
+        sched.add(s)
+    plan = step(sched, kv)
+    assert plan.wave and [c.seq for c in plan.chunks] == [wave[0]]
+    assert all(s in sched.waiting for s in wave[1:])
+    plan = step(sched, kv)
+    assert plan.wave
+    assert [(c.seq, c.start, c.end) for c in plan.chunks][1:] == [(s, 16, 20) for s in wave[1:]]
