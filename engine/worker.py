@@ -7,8 +7,10 @@ produced logits and post-process its token in one place (append, stop checks, fi
 new text to each request's asyncio queue with one loop.call_soon_threadsafe per step. The HTTP
 event loop never calls llama.cpp, and reads only what the worker publishes (ContextStats, the
 set of cached block hashes), never the scheduler's or block manager's live structures.
-Between steps the thread governor may change the context's thread count (engine/threads.py);
-it is paused while the worker waits for requests. With several contexts in the process, each
+Before a step that would start a wave of prompts (scheduler/scheduler.py), the worker waits a
+moment for the rest of it (_gather): after several requests ended together, until as many are
+back, at most GATHER_S. Between steps the thread governor may change the context's thread count
+(engine/threads.py); it is paused while the worker waits for requests. With several contexts in the process, each
 step runs on threads taken from their shared CoreBudget (elastic threads: all of them while
 the other contexts are idle, this context's share otherwise) and handed back after it.
 A request with a grammar samples through its mask (engine/grammar.py), greedy included; when the
