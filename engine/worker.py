@@ -113,8 +113,10 @@ class QueueFull(Exception):
 
 Delivery = tuple[Request, Event]
 
-# How long after requests ended together a step waits for their clients' next ones (_gather).
+# How long after requests ended together a step waits for their clients' next ones (_gather),
+# and at most how long after the last of them came.
 GATHER_S = 0.25
+GATHER_GAP_S = 0.05
 
 
 class Worker:
@@ -260,8 +262,10 @@ class Worker:
         one by one over some milliseconds (each is parsed and tokenized first), and a step
         planned at the first would start it alone and split the wave. So once one is here, and
         while they would make a wave, wait for k (until GATHER_S after those ended), and for
-        any prompt still being prepared (from the first request on, at most GATHER_S). Only
-        the few streams beside a wave wait on this; a request that comes alone expects none."""
+        any prompt still being prepared (from the first request on, at most GATHER_S), but no
+        longer than GATHER_GAP_S after the last arrival (behind a router, or when clients
+        stop, they may not come here). Only the few streams beside a wave wait on this; a
+        request that comes alone expects none."""
         if not self.scheduler.waiting or not self.config.wave_batch_tokens:
             return
         (expect, until), self._expect = self._expect, (0, 0.0)
@@ -272,12 +276,17 @@ class Worker:
         waiting = self.scheduler.waiting
         if not self.scheduler.is_wave(decoding, max(expect - len(waiting), self.incoming())):
             return
+        last = now   # the last arrival: a wave still coming in has no long gaps
         while len(waiting) < expect or self.incoming():
-            left = until - time.monotonic()
+            now = time.monotonic()
+            left = min(until, last + GATHER_GAP_S) - now
             if left <= 0 or not self.wakeup.wait(left):
                 return
             self.wakeup.clear()
+            before = len(waiting)
             self._drain_inbox()
+            if len(waiting) > before:
+                last = time.monotonic()
 
     def _drain_inbox(self) -> None:
         while self.inbox:
