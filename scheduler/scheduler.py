@@ -15,8 +15,9 @@ a hit may end on any token; _max_reuse keeps the 1-token-tail rule either way.
 Waves (wave_batch_tokens, off when it is not above max_batch_tokens): when more than
 few_decoding prompts want computing, at least wave_ratio times as many as the decoding streams
 (nothing decodes, or a burst of requests arrived beside a few streams), and all of them fit
-wave_batch_tokens, the step takes them all, whole: their streams get their first tokens together and then decode in step, finish
-together, and their clients' next requests come back together as the next wave. Without it the
+wave_batch_tokens, the step takes them all, whole: their streams get their first tokens
+together, decode in step, finish together, and their clients' next requests come back together
+as the next wave. Without it the
 first prompts of a burst decode beside the later ones' chunks, and every stream's steps carry
 some other prompt's chunk for the rest of the run (measured at 16 closed-loop streams: ITL p50
 1.25x llama-server's, whose 2,048-token batches keep its streams in waves). The few streams
@@ -243,10 +244,8 @@ class Scheduler:
         n = len(seq.tokens)
         if seq.alloc is not None or seq.saved_key is not None or seq.prompt_logits:
             return n - seq.num_computed
-        if seq.hashes is None:
-            seq.hashes = self.manager.hashes(seq.tokens)
         held = 0
-        for h in seq.hashes:
+        for h in self._hashes(seq):
             if h not in self.manager.cache and h not in self.inflight:
                 break
             held += 1
@@ -377,12 +376,16 @@ class Scheduler:
         the blocks computed meanwhile (BlockManager.extend) and would compute them again."""
         if not self.inflight or seq.alloc is not None or seq.saved_key is not None:
             return False
-        if seq.hashes is None:
-            seq.hashes = self.manager.hashes(seq.tokens)
-        for h in seq.hashes:
+        for h in self._hashes(seq):
             if h not in self.manager.cache:
                 return h in self.inflight
         return False
+
+    def _hashes(self, seq: Sequence) -> list[int]:
+        """A sequence's chained block hashes, computed once (a recompute preemption clears them)."""
+        if seq.hashes is None:
+            seq.hashes = self.manager.hashes(seq.tokens)
+        return seq.hashes
 
     def _slots_used(self) -> int:
         return sum(s.num_slots for s in self.running)
@@ -419,11 +422,9 @@ class Scheduler:
                 return False
             seq.saved_key, seq.alloc = None, alloc
             return True
-        if seq.hashes is None:
-            seq.hashes = self.manager.hashes(seq.tokens)
         max_reuse = 0 if seq.prompt_logits else self._max_reuse(seq)
         alloc = self.manager.open(seq.tokens, max_reuse, len(seq.tokens) + 1,
-                                  hashes=seq.hashes, extra_blocks=promised)
+                                  hashes=self._hashes(seq), extra_blocks=promised)
         if alloc is None:
             return False
         seq.alloc, seq.num_computed = alloc, alloc.num_cached
