@@ -10,9 +10,10 @@ set of cached block hashes), never the scheduler's or block manager's live struc
 Before a step that would start a wave of prompts (scheduler/scheduler.py), the worker waits a
 moment for the rest of it (_gather): after several requests ended together, until as many are
 back, at most GATHER_S. Between steps the thread governor may change the context's thread count
-(engine/threads.py); it is paused while the worker waits for requests. With several contexts in the process, each
-step runs on threads taken from their shared CoreBudget (elastic threads: all of them while
-the other contexts are idle, this context's share otherwise) and handed back after it.
+(engine/threads.py); it is paused while the worker waits for requests. With several contexts in
+the process, each step runs on threads taken from their shared CoreBudget (elastic threads: all
+of them while the other contexts are idle, this context's share otherwise) and handed back after
+it.
 A request with a grammar samples through its mask (engine/grammar.py), greedy included; when the
 grammar allows no token the request finishes with "stop" and a warning. Logprobs are computed
 here, only for requests that ask, from the logits the sampler saw.

@@ -17,11 +17,11 @@ few_decoding prompts want computing, at least wave_ratio times as many as the de
 (nothing decodes, or a burst of requests arrived beside a few streams), and all of them fit
 wave_batch_tokens, the step takes them all, whole: their streams get their first tokens
 together, decode in step, finish together, and their clients' next requests come back together
-as the next wave. Without it the
-first prompts of a burst decode beside the later ones' chunks, and every stream's steps carry
-some other prompt's chunk for the rest of the run (measured at 16 closed-loop streams: ITL p50
-1.25x llama-server's, whose 2,048-token batches keep its streams in waves). The few streams
-beside a wave wait one long step; many streams beside one prompt never do (below).
+as the next wave. Without it the first prompts of a burst decode beside the later ones'
+chunks, and every stream's steps carry some other prompt's chunk for the rest of the run
+(measured at 16 closed-loop streams: ITL p50 1.25-1.33x llama-server's, whose 2,048-token
+batches keep its streams in waves). The few streams beside a wave wait one long step; many
+streams beside one prompt never do (below).
 
 How many prompt tokens a step takes (_prefill_allowance): while nothing decodes, the whole
 budget. While sequences decode, one chunk for every sequence that wants a prompt chunk, which is
