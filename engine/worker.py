@@ -323,7 +323,7 @@ class Worker:
         self._apply(plan.ops)
         events = [self._finish(s.owner, FinishReason.TIMEOUT) for s in self.scheduler.expired]
         self.scheduler.expired.clear()
-        self.stats = self._collect_stats()     # what runs during this step's decode
+        self.stats = self._collect_stats(self.stats.step_ms)   # what runs during this decode
         self.times.plan_s += time.perf_counter() - t0
         if plan.chunks:
             events += self._leased(self._run_plan, plan)
@@ -550,13 +550,15 @@ class Worker:
             return 0
         return self.current_threads
 
-    def _collect_stats(self) -> ContextStats:
+    def _collect_stats(self, step_ms: dict | None = None) -> ContextStats:
+        """`step_ms`: the step-time split to publish (default: computed now)."""
         m, s, gov = self.manager, self.scheduler, self.governor
         return ContextStats(
             name=self.name, threads=self._threads_in_use(),
             configured_threads=self.config.n_threads, max_threads=self.max_threads,
             other_cpu_cores=round(gov.others, 3) if gov else None,
-            thread_changes=self.thread_changes, step_ms=self.times.per_step_ms(),
+            thread_changes=self.thread_changes,
+            step_ms=self.times.per_step_ms() if step_ms is None else step_ms,
             running=len(s.running), waiting=len(s.waiting), outstanding=self.outstanding,
             steps=self.steps, kv_used_blocks=m.num_used_blocks, kv_total_blocks=m.num_blocks,
             kv_cached_blocks=m.num_cached_blocks, live_seqs=len(m.live),
