@@ -14,7 +14,7 @@ from server.fields import check_fields, unsupported
 from server.openapi import ERROR_RESPONSES, STREAM_ONLY
 from server.schemas import GenerateRequest
 from server.service import Service, error_status
-from server.sse import EventStream, message
+from server.sse import EventStream, json_data, message
 from server.structured import grammar_for
 
 router = APIRouter(responses=ERROR_RESPONSES)
@@ -67,7 +67,7 @@ async def _events(svc: Service, worker: Worker, req: Request,
             yield message(json.dumps(error_body(status, event.error, code)), "error")
             return
         if event.text:
-            yield message(json.dumps({"text": event.text}, ensure_ascii=False), "token")
+            yield message(json_data({"text": event.text}), "token")
         if event.finish_reason:
             ttft = req.first_token_time - req.arrival_time if req.first_token_time else None
             yield message(json.dumps({

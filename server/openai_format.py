@@ -11,7 +11,7 @@ from typing import Literal, Protocol
 from engine import Request
 from scheduler import FinishReason
 from engine.logprobs import TokenLogprob
-from server.sse import message
+from server.sse import json_data, message
 from server.tools import parse_tool_calls
 
 Kind = Literal["chat", "completion"]
@@ -52,7 +52,7 @@ class Choice(Protocol):
 
 def sse(payload: dict | str) -> bytes:
     """One SSE message: a JSON payload, or a string as it is ("[DONE]")."""
-    return message(payload if isinstance(payload, str) else json.dumps(payload, ensure_ascii=False))
+    return message(payload if isinstance(payload, str) else json_data(payload))
 
 
 @dataclass
@@ -72,6 +72,8 @@ class OpenAIFormat:
     usage_now: Callable[[], dict] | None = field(default=None, repr=False)   # set by the stream
     # streamed completions: per choice, the text offset its next token's logprobs start at
     _offsets: dict[int, int] = field(default_factory=dict, repr=False)
+    _frames: dict[tuple[int, bool], tuple[bytes, bytes, bytes]] = field(default_factory=dict,
+                                                                        repr=False)
 
     def echo_of(self, index: int) -> str:
         """The text put before choice `index` (completions echo: its prompt)."""
@@ -149,7 +151,29 @@ class OpenAIFormat:
             self._offsets[index] = at + sum(map(len, lps["tokens"]))
         elif logprobs:
             lps = chat_logprobs(logprobs)
+        if lps is None:   # the common chunk: one per token
+            head, mid, tail = self._text_frame(index)
+            quoted = json_data(text).encode()
+            if self.usage_now is None:
+                return head + quoted + mid
+            return head + quoted + mid + json.dumps(self.usage_now()).encode() + tail
         return self._chunk({"content": text} if self.chat else text, None, lps, index)
+
+    def _text_frame(self, index: int) -> tuple[bytes, bytes, bytes]:
+        """A plain text chunk of choice `index` as the bytes around its JSON-quoted text (and
+        around its usage, with continuous usage): the message `_chunk` makes, without building
+        and encoding a dict per token (the event loop sends one per token while llama.cpp
+        computes)."""
+        key = (index, self.usage_now is not None)
+        frame = self._frames.get(key)
+        if frame is None:
+            text, usage_mark = "\ue000text\ue000", "\ue000usage\ue000"
+            whole = sse(self._payload({"content": text} if self.chat else text, None, None, index,
+                                      usage_mark if self.usage_now is not None else None))
+            head, _, rest = whole.rpartition(json.dumps(text, ensure_ascii=False).encode())
+            mid, _, tail = rest.partition(json.dumps(usage_mark, ensure_ascii=False).encode())
+            frame = self._frames[key] = (head, mid, tail)
+        return frame
 
     def finish_chunk(self, finish: FinishReason, index: int = 0) -> bytes:
         return self._chunk({} if self.chat else "", openai_finish(finish), index=index)
@@ -175,15 +199,18 @@ class OpenAIFormat:
 
     def _chunk(self, delta: dict | str, finish: str | None, logprobs: dict | None = None,
                index: int = 0) -> bytes:
+        usage = self.usage_now() if self.usage_now is not None else None
+        return sse(self._payload(delta, finish, logprobs, index, usage))
+
+    def _payload(self, delta: dict | str, finish: str | None, logprobs: dict | None, index: int,
+                 usage) -> dict:
         choice = ({"index": index, "delta": delta} if self.chat else {"index": index, "text": delta})
         choice.update(logprobs=logprobs, finish_reason=finish)
         payload = {"id": self.id, "object": self.chunk_object, "created": self.created,
                    "model": self.model, "choices": [choice]}
-        if self.usage_now is not None:
-            payload["usage"] = self.usage_now()
-        elif self.include_usage:
-            payload["usage"] = None
-        return sse(payload)
+        if self.usage_now is not None or self.include_usage:   # null until the last chunk,
+            payload["usage"] = usage                           # or the usage so far
+        return payload
 
 
 def _text(piece: bytes) -> str:

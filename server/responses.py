@@ -35,7 +35,7 @@ from server.fields import check_keys, check_stream_options
 from server.openapi import ERROR_RESPONSES, RESPONSES_STREAMED
 from server.schemas import INT32_MAX, Bool, Int, SamplingFields
 from server.service import Service, error_status
-from server.sse import EventStream, message
+from server.sse import EventStream, json_data, message
 from server.structured import text_format_grammar
 from server.tools import ToolCall, ToolUse, parse_tool_calls, parse_tools
 
@@ -304,7 +304,7 @@ class ResponseState:
     def event(self, kind: str, **payload) -> bytes:
         data = {"type": kind, "sequence_number": self.seq, **payload}
         self.seq += 1
-        return message(json.dumps(data, ensure_ascii=False), kind)
+        return message(json_data(data), kind)
 
     # ---- the events of one output item ----------------------------------------------------
     def message_opened(self, index: int) -> Iterator[bytes]:

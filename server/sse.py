@@ -10,11 +10,24 @@ that would never fire.
 """
 from __future__ import annotations
 
+import json
 import re
 
 from sse_starlette.sse import EventSourceResponse
 
 _LINES = re.compile(r"\r\n|\r|\n")
+# NEL, LS and PS: not line ends in SSE, but Python's str.splitlines breaks lines at them, and so
+# do SSE readers built on it (httpx's iter_lines, and so guidellm): escaped in JSON data
+_BREAKS = {0x85: "\\u0085", 0x2028: "\\u2028", 0x2029: "\\u2029"}
+
+
+def json_data(obj) -> str:
+    """JSON for a data line: UTF-8 as it is (json.dumps, ensure_ascii=False), except NEL, LS and
+    PS, which are escaped (the same JSON value) so that no client splits the line at them."""
+    text = json.dumps(obj, ensure_ascii=False)
+    if "\x85" in text or "\u2028" in text or "\u2029" in text:
+        text = text.translate(_BREAKS)
+    return text
 
 
 def message(data: str, event: str | None = None) -> bytes:

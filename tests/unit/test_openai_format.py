@@ -142,3 +142,41 @@ def test_completions_top_logprobs_hold_the_chosen_token_too():
     item = piece("b", -3.0, ((0, b"a", -0.1),))
     lps = f.response([Collected("b", FinishReason.STOP, [item])], usage(REQ))["choices"][0]
     assert lps["logprobs"]["top_logprobs"] == [{"a": -0.1, "b": -3.0}]
+
+
+def test_a_streamed_text_chunk_is_the_message_the_dict_path_makes():
+    """text_chunk's per-token frame (bytes around the quoted text and the usage) gives the same
+    bytes as building the chunk's dict, for both kinds, any choice, with and without usage (at
+    the end, or in every chunk), and for text that JSON escapes or that holds the frame's own
+    markers."""
+    tally = {"prompt_tokens": 3, "completion_tokens": 0, "total_tokens": 3}
+
+    def usage_now():
+        tally["completion_tokens"] += 1
+        tally["total_tokens"] += 1
+        return dict(tally)
+
+    for kind in ("chat", "completion"):
+        for usage_mode in ("none", "last", "continuous"):
+            f = fmt(kind=kind, stream=True, include_usage=usage_mode != "none", n=2, num_choices=2,
+                    continuous_usage=usage_mode == "continuous")
+            if usage_mode == "continuous":
+                f.usage_now = usage_now
+            for text in ("hi", ' "q" \\ \n\t', "", "\ue000text\ue000", "\ue000usage\ue000", "é😀"):
+                for i in (0, 1):
+                    delta = {"content": text} if kind == "chat" else text
+                    chunk = f.text_chunk(text, None, i)
+                    n = tally["completion_tokens"]
+                    if usage_mode == "continuous":
+                        tally["completion_tokens"] -= 1   # the dict path counts this chunk again
+                        tally["total_tokens"] -= 1
+                    assert chunk == f._chunk(delta, None, None, i)
+                    body = data(chunk)
+                    choice = body["choices"][0]
+                    assert choice["index"] == i
+                    assert (choice["delta"]["content"] if kind == "chat" else choice["text"]) == text
+                    assert ("usage" in body) == (usage_mode != "none")
+                    if usage_mode == "continuous":
+                        assert body["usage"]["completion_tokens"] == n
+                    elif usage_mode == "last":
+                        assert body["usage"] is None
