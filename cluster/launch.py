@@ -93,19 +93,6 @@ def replica_env(spec: ClusterSpec, cores: list[int]) -> dict[str, str]:
     return {**os.environ, "PAGEDLLAMA_THREADS": str(len(cores)), **spec.replica_env}
 
 
-# sglang-router's cache_aware policy looks up a request's text in its trees and inserts it in
-# one synchronous call, but on several tokio worker threads two requests are routed at once: in
-# a burst, two new prefixes then both see the same smallest tree and land on one replica (3 of 4
-# prefixes on one replica in 3 of 6 bursts measured). One worker thread routes one request at a
-# time (every 4-prefix burst split 2 / 2); it forwards far more requests than CPU replicas serve.
-ROUTER_ENV = {"TOKIO_WORKER_THREADS": "1"}
-
-
-def router_env() -> dict[str, str]:
-    """The router's environment: ROUTER_ENV unless the caller's environment sets them."""
-    return {**ROUTER_ENV, **os.environ}
-
-
 def router_command(spec: ClusterSpec) -> list[str]:
     if spec.policy not in POLICIES:
         raise ValueError(f"policy must be one of {', '.join(POLICIES)}")
@@ -150,7 +137,7 @@ class Cluster:
             self.replicas.append(Replica(f"http://127.0.0.1:{port}", cores, proc))
         for i, r in enumerate(self.replicas):
             wait_http(f"{r.url}/health", r.proc, timeout, f"replica {i + 1} ({r.url})")
-        self.router = spawn(router_command(self.spec), router_env(),
+        self.router = spawn(router_command(self.spec), dict(os.environ),
                             self.log_dir / "router.log", cwd=ROOT)
         wait_http(f"{self.spec.url}/readiness", self.router, 60.0, "the router")
 

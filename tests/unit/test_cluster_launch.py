@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from cluster.cores import split_cores
-from cluster.launch import ClusterSpec, replica_env, router_command, router_env
+from cluster.launch import ClusterSpec, replica_env, router_command
 
 
 def test_cores_are_split_into_disjoint_equal_groups():
@@ -47,10 +47,3 @@ def test_the_manual_policy_spreads_new_routing_keys_evenly_unless_told_otherwise
     assert cmd.count("--assignment-mode") == 1
     assert cmd[cmd.index("--assignment-mode") + 1] == "min_load"
     assert "--assignment-mode" not in router_command(ClusterSpec(policy="cache_aware"))
-
-
-def test_the_router_routes_on_one_worker_thread_unless_the_caller_says_otherwise(monkeypatch):
-    monkeypatch.delenv("TOKIO_WORKER_THREADS", raising=False)
-    assert router_env()["TOKIO_WORKER_THREADS"] == "1"
-    monkeypatch.setenv("TOKIO_WORKER_THREADS", "4")
-    assert router_env()["TOKIO_WORKER_THREADS"] == "4"

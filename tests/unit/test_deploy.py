@@ -114,14 +114,6 @@ def test_the_router_discovers_the_replica_pods_by_label_and_port():
     assert args_after(args, "--policy") == "cache_aware"
 
 
-def test_the_router_routes_on_one_worker_thread_everywhere_it_is_deployed():
-    env = {e["name"]: e["value"] for e in container(find("Deployment", "pagedllama-router"))["env"]}
-    assert env["TOKIO_WORKER_THREADS"] == "1"
-    compose = yaml.safe_load((DOCKER / "compose.yaml").read_text())
-    assert compose["services"]["router"]["environment"]["TOKIO_WORKER_THREADS"] == "1"
-    assert "TOKIO_WORKER_THREADS=1" in (DOCKER / "Dockerfile.router").read_text()
-
-
 def test_the_router_may_watch_pods():
     rules = find("Role", "pagedllama-router")["rules"]
     assert any("pods" in r["resources"] and {"list", "watch"} <= set(r["verbs"]) for r in rules)
