@@ -95,9 +95,15 @@ def _delta(after: list[dict], before: list[dict], name: str) -> list[float]:
     return [a[name] - b[name] for a, b in zip(after, before)]
 
 
+def conversations(args, seed: int) -> list[ds.Conversation]:
+    """The workload's requests in the order the seed shuffles (benchmarks.router_split sends
+    the same)."""
+    return ds.shared_prefix_dataset(args.num_prompts, 24, args.shared_len, args.num_prefixes,
+                                    ds.Calibration(), seed)
+
+
 async def _workload(url: str, model: str, args, seed: int, policy: str) -> dict:
-    convs = ds.shared_prefix_dataset(args.num_prompts, 24, args.shared_len, args.num_prefixes,
-                                     ds.Calibration(), seed)
+    convs = conversations(args, seed)
     # the manual policy routes by a key the client names: here the system prompt's tag
     headers_for = ((lambda conv: {ROUTING_KEY_HEADER: conv.tag}) if policy == "manual" else None)
     report, _ = await run_workload(url, ENDPOINT, model, convs, max_concurrency=args.concurrency,

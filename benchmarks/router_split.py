@@ -28,6 +28,7 @@ import httpx
 from fastapi import FastAPI, Request
 
 from benchmarks import datasets as ds
+from benchmarks.cluster import conversations
 from cluster.launch import ClusterSpec, free_cluster_port, router_command
 from cluster.processes import spawn, stop, wait_http
 
@@ -145,8 +146,7 @@ def main(argv: list[str] | None = None) -> None:
     even = total = 0
     with tempfile.TemporaryDirectory(prefix="router-split-") as tmp:
         for seed in seeds_of(args.seeds):
-            convs = ds.shared_prefix_dataset(args.num_prompts, 24, args.shared_len,
-                                             args.num_prefixes, ds.Calibration(), seed)
+            convs = conversations(args, seed)
             splits = []
             for _ in range(args.bursts):
                 per = burst(args, convs, Path(tmp))
