@@ -9,9 +9,13 @@ counted over many arrival orders, which the model-backed benchmark (a minute a r
 
     python -m benchmarks.router_split --seeds 0-9 --bursts 4
     python -m benchmarks.router_split --seeds 0-9 --bursts 4 --router-threads 1
+    python -m benchmarks.router_split --seeds 0-9 --bursts 1 --concurrency 1
+    python -m benchmarks.router_split --concurrency 1 --router-args "--cache-threshold 0.99"
 
 --router-threads sets TOKIO_WORKER_THREADS for the router (its runtime's worker threads; by
-default one per core): with 1, requests are routed one at a time.
+default one per core): with 1, requests are routed one at a time. --concurrency 1 sends the
+requests one after another (each new prefix then arrives at idle workers); --router-args passes
+more router flags.
 """
 from __future__ import annotations
 
@@ -46,6 +50,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--concurrency", type=int, default=16)
     p.add_argument("--delay", type=float, default=0.3, help="seconds a stand-in takes to answer")
     p.add_argument("--router-threads", type=int, default=None)
+    p.add_argument("--router-args", default="",
+                   help='more router flags, e.g. "--cache-threshold 0.99"')
     p.add_argument("--serve", nargs=2, metavar=("PORT", "LOG"), help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
@@ -111,7 +117,8 @@ async def send_all(url: str, convs: list[ds.Conversation], concurrency: int) -> 
 def burst(args, convs: list[ds.Conversation], workdir: Path) -> list[collections.Counter]:
     """One fresh router and set of stand-ins, the whole workload; per worker, its prefix tags."""
     port = free_cluster_port(args.replicas)
-    spec = ClusterSpec(replicas=args.replicas, policy="cache_aware", port=port)
+    spec = ClusterSpec(replicas=args.replicas, policy="cache_aware", port=port,
+                       router_args=args.router_args.split())
     logs = [workdir / f"worker-{i}.txt" for i in range(args.replicas)]
     env = dict(os.environ)
     if args.router_threads is not None:
@@ -141,7 +148,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     threads = args.router_threads or os.environ.get("TOKIO_WORKER_THREADS", "one per core")
     print(f"sglang-router cache_aware, {args.replicas} stand-in workers, router worker threads: "
-          f"{threads}; {args.num_prefixes} x ~{args.shared_len}-token prefixes, "
+          f"{threads}{'; ' + args.router_args if args.router_args else ''}; {args.num_prefixes} x ~{args.shared_len}-token prefixes, "
           f"{args.num_prompts} requests, {args.concurrency} concurrent")
     even = total = 0
     with tempfile.TemporaryDirectory(prefix="router-split-") as tmp:

@@ -249,7 +249,8 @@ def test_router_split_counts_where_the_router_sends_each_prefix():
     a summary line says in how many bursts the prefixes were spread evenly."""
     proc = bench("router_split", "--seeds", "0,1", "--bursts", "1", "--num-prompts", "8",
                  "--num-prefixes", "2", "--shared-len", "60", "--concurrency", "4",
-                 "--delay", "0.05")
+                 "--delay", "0.05", "--router-args", "--cache-threshold 0.5")
+    assert "--cache-threshold 0.5" in proc.stdout.splitlines()[0]
     lines = [l for l in proc.stdout.splitlines() if l.startswith("seed ")]
     assert len(lines) == 2
     for line in lines:
