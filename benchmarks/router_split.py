@@ -147,8 +147,9 @@ def main(argv: list[str] | None = None) -> None:
         serve(int(args.serve[0]), Path(args.serve[1]), args.delay)
         return
     threads = args.router_threads or os.environ.get("TOKIO_WORKER_THREADS", "one per core")
+    flags = f"; {args.router_args}" if args.router_args else ""
     print(f"sglang-router cache_aware, {args.replicas} stand-in workers, router worker threads: "
-          f"{threads}{'; ' + args.router_args if args.router_args else ''}; {args.num_prefixes} x ~{args.shared_len}-token prefixes, "
+          f"{threads}{flags}; {args.num_prefixes} x ~{args.shared_len}-token prefixes, "
           f"{args.num_prompts} requests, {args.concurrency} concurrent")
     even = total = 0
     with tempfile.TemporaryDirectory(prefix="router-split-") as tmp:
