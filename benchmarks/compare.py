@@ -228,7 +228,8 @@ def main(argv: list[str] | None = None) -> int:
               "benchmarks/README.md), then pass --peer-bin PATH or set LLAMA_SERVER_BIN; or give "
               "any OpenAI-compatible server with --peer-cmd.")
         return 0
-    env = env_items(args.our_env)
+    # as many sequences as llama-server has slots (unless --our-env says otherwise)
+    env = {"PAGEDLLAMA_MAX_SEQS": str(args.parallel), **env_items(args.our_env)}
     ours = our_server(args.model, args.threads, args.n_ctx, env)
     results = {"ours": {w: [] for w in args.workloads}, "peer": {w: [] for w in args.workloads}}
     with ExitStack() as stack:

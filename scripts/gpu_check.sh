@@ -48,7 +48,7 @@ if [ ! -e "$G/cuda/llama-server" ] && [ -n "$TARBALL" ]; then
 fi
 CUBLAS_DIR=$(dirname "$(find /opt /usr -name 'libcublas.so.13*' 2>/dev/null | grep -v /.gpu/ | head -1)")
 export PYTHONPATH=$G/site:$ROOT
-export LD_LIBRARY_PATH=$G/cuda:$CUBLAS_DIR:${LD_LIBRARY_PATH:-}
+export LD_LIBRARY_PATH=$G/cuda:$CUBLAS_DIR:/usr/local/nvidia/lib64:${LD_LIBRARY_PATH:-}
 export LLAMA_CPP_LIB_PATH=$G/cuda
 export LLAMA_SERVER_BIN=$G/cuda/llama-server
 export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 HF_HUB_OFFLINE=1
@@ -70,10 +70,17 @@ probe() {
 }
 
 tests() {
+    # Not here: the unit tests (no model), what needs the Gemma file (241 MiB, more than a call
+    # carries), sglang-router or langchain/instructor (not installed there).
     log "tests (all layers offloaded: llama.cpp's default n_gpu_layers -1)"
     PAGEDLLAMA_THREADS=${THREADS:-4} timeout "${TEST_SECONDS:-210}" python3 -m pytest -q \
         -p no:cacheprovider -n "${TEST_WORKERS:-8}" --dist loadfile --timeout 150 -o addopts="" \
         -rfE --tb=short -k "not gemma" \
+        --deselect tests/test_multimodel.py::test_models_lists_both_with_their_gguf_facts \
+        --deselect tests/test_multimodel.py::test_concurrent_requests_to_both_models_answer \
+        --deselect tests/test_multimodel.py::test_chat_to_a_model_without_a_template_is_a_clear_400 \
+        --deselect tests/test_benchmarks.py::test_cluster_compares_cache_aware_and_round_robin_routing \
+        --deselect tests/test_benchmarks.py::test_router_split_counts_where_the_router_sends_each_prefix \
         --ignore=tests/unit --ignore=tests/test_cluster.py --ignore=tests/test_clients_structured.py \
         ${TEST_PATHS:-tests} 2>&1 | tee "$OUT/pytest.log" | tail -n 30
     echo "pytest rc ${PIPESTATUS[0]}"
@@ -94,7 +101,7 @@ bench() {
     log "benchmarks.prefix"
     timeout 45 python3 -m benchmarks.prefix --threads "$T" 2>&1 | tee "$OUT/prefix.txt" | tail -n 20
     log "benchmarks.chunking"
-    timeout 60 python3 -m benchmarks.chunking --threads "$T" --chunks 16,64,192 2>&1 \
+    timeout 60 python3 -m benchmarks.chunking --threads "$T" --chunks 16,256 --max-batch-tokens 1024 2>&1 \
         | tee "$OUT/chunking.txt" | tail -n 20
 }
 

@@ -28,7 +28,8 @@ async def health(http: HTTPRequest):
         return JSONResponse({"status": "loading", "models": {}}, status_code=503)
     if http.app.state.drain.draining:   # a load balancer stops routing here
         return JSONResponse({"status": "draining", "models": {}}, status_code=503)
-    models = {name: {"loaded": True, "flash_attn": lm.workers[0].config.flash_attn,
+    models = {name: {"loaded": True, "on_gpu": lm.model.on_gpu,
+                     "flash_attn": lm.workers[0].config.flash_attn,
                      "kv_type": lm.spec.engine.kv_type, "kv_unified": lm.spec.engine.kv_unified,
                      "contexts": [asdict(w.snapshot()) for w in lm.workers]}
               for name, lm in svc.models.items()}

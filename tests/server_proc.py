@@ -38,16 +38,25 @@ class ServerProcess:
         return self.log_path.read_text(errors="replace")
 
 
+def two_cores() -> set[int]:
+    """Two of the cores this process may use: a server pinned to them sees a 2-core machine
+    (the tests' thread figures), whatever machine runs the tests."""
+    return set(sorted(os.sched_getaffinity(0))[:2])
+
+
 @contextmanager
-def running_server(env: dict[str, str] | None = None, startup_timeout: float = 120.0):
-    """Yields the base URL (http://127.0.0.1:PORT) of a fresh server with these env overrides.
-    The server's log is kept in a temp file and printed if startup fails."""
-    with server_process(env, startup_timeout) as server:
+def running_server(env: dict[str, str] | None = None, startup_timeout: float = 120.0,
+                   cpus: set[int] | None = None):
+    """Yields the base URL (http://127.0.0.1:PORT) of a fresh server with these env overrides
+    (and pinned to `cpus` if given). The server's log is kept in a temp file and printed if
+    startup fails."""
+    with server_process(env, startup_timeout, cpus) as server:
         yield server.base
 
 
 @contextmanager
-def server_process(env: dict[str, str] | None = None, startup_timeout: float = 120.0):
+def server_process(env: dict[str, str] | None = None, startup_timeout: float = 120.0,
+                   cpus: set[int] | None = None):
     """Like running_server, but yields the ServerProcess (to signal it, read its log)."""
     port = free_port()
     # a short drain: a test that leaves a request running does not hold up the teardown
@@ -58,7 +67,8 @@ def server_process(env: dict[str, str] | None = None, startup_timeout: float = 1
     proc = subprocess.Popen(
         [sys.executable, "-m", "uvicorn", "server.main:app", "--host", "127.0.0.1",
          "--port", str(port), "--no-access-log"],
-        cwd=ROOT, env=full_env, stdout=log, stderr=subprocess.STDOUT)
+        cwd=ROOT, env=full_env, stdout=log, stderr=subprocess.STDOUT,
+        preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)
     base = f"http://127.0.0.1:{port}"
     try:
         try:

@@ -7,6 +7,8 @@ import httpx
 import openai
 import pytest
 
+from tests.devices import cpu_exact
+
 QUESTIONS = ["What is the capital of France?", "Write a haiku about the sea.",
              "Name three colours.", "Explain what a CPU does.", "Say hello in Spanish.",
              "What is 2 + 2?", "Give me a fruit.", "Describe a cat in one sentence."]
@@ -77,6 +79,7 @@ def test_max_tokens_with_ignore_eos_gives_exactly_that_many_tokens(client, model
     assert resp.usage.completion_tokens == 17 and resp.choices[0].finish_reason == "length"
 
 
+@cpu_exact
 def test_streamed_chat_equals_non_streamed_greedy_chat(client, model_name):
     whole = chat(client, model_name, QUESTIONS[1]).choices[0].message.content
     text, finish = stream_text(client, model_name, QUESTIONS[1])
@@ -153,6 +156,7 @@ def test_native_routes_refuse_what_they_would_ignore_naming_the_field(server_url
 
 
 # ---- concurrency -------------------------------------------------------------------------------
+@cpu_exact
 def test_eight_concurrent_streams_each_match_their_solo_greedy_output(client, model_name):
     solo = [stream_text(client, model_name, q, max_tokens=32)[0] for q in QUESTIONS]
     with ThreadPoolExecutor(8) as pool:

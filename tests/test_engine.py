@@ -6,6 +6,7 @@ import random
 import pytest
 
 from engine import EngineConfig, Model, Request, SamplingParams, Worker
+from tests.devices import cpu_exact
 from tests.server_proc import GEMMA3, SMOLLM2
 
 SYSTEM = ("You are a meticulous assistant. Answer briefly, cite facts, avoid speculation, and "
@@ -109,6 +110,7 @@ def test_manager_view_agrees_with_llama_cpp_after_a_mixed_workload(model, unifie
         worker.stop()
 
 
+@cpu_exact
 def test_greedy_outputs_are_identical_with_prefix_caching_on_and_off(model):
     prompts = [chat_prompt(model, q) for q in QUESTIONS]
     answers = {}
@@ -126,6 +128,7 @@ def test_greedy_outputs_are_identical_with_prefix_caching_on_and_off(model):
     assert answers[True] == answers[False]
 
 
+@cpu_exact
 def test_prefix_hits_that_end_off_the_prefill_grid_give_the_cold_answers(model):
     """A hit may end on any 8-token block, off the 32-token grid. Prompts that
     are prefixes of a cached one (every length from 33 to 50, so the rest after the hit is 2..9
@@ -146,6 +149,7 @@ def test_prefix_hits_that_end_off_the_prefill_grid_give_the_cold_answers(model):
     assert answers[True] == answers[False]
 
 
+@cpu_exact
 @pytest.mark.parametrize("flash_attn,kv_type", [(False, "f16"), (True, "f16"), (True, "q8_0")])
 def test_prefix_hits_that_end_inside_a_block_give_the_cold_answers(model, flash_attn, kv_type):
     """A hit may end on any token. A prompt that leaves a cached one at position d reuses
@@ -216,6 +220,7 @@ def test_a_swapped_greedy_request_finishes_with_its_unpreempted_output(model):
             worker.stop()
 
 
+@cpu_exact
 def test_prompts_prefilled_next_to_running_streams_get_their_solo_answers(model):
     """With split KV llama.cpp computes a batch in micro-batches that take the same number of
     tokens from each sequence; prompts prefilled while other streams decode must still get the
@@ -251,6 +256,7 @@ def test_prompts_prefilled_next_to_running_streams_get_their_solo_answers(model)
             worker.stop()
 
 
+@cpu_exact
 def test_a_wave_of_requests_is_computed_in_one_step_and_changes_no_answer(model):
     """wave_batch_tokens: prompts that arrive together (the worker waits for those still being
     prepared) are computed whole in one step, here ~840 tokens against a 128-token step budget,
@@ -352,6 +358,7 @@ def next_logits_of_first(ctx, prompts, seqs):
     return out
 
 
+@cpu_exact
 @pytest.mark.parametrize("flash_attn", [False, True], ids=["plain", "flash"])
 @pytest.mark.parametrize("path", [SMOLLM2, GEMMA3], ids=["smollm2-q4_1", "gemma3-q4_k_m"])
 def test_logits_do_not_depend_on_how_many_sequences_decode_beside(path, flash_attn):
@@ -394,6 +401,7 @@ def test_logits_do_not_depend_on_how_many_sequences_decode_beside(path, flash_at
 @pytest.mark.parametrize("flash_attn,kv_type,reference", [
     (False, "f16", True), (True, "f16", True), (True, "q8_0", True), (True, "f16", False)],
     ids=["plain", "flash-f16", "flash-q8_0", "flash-f16-ggml-default"])
+@cpu_exact
 def test_logits_do_not_depend_on_the_batch_or_the_thread_count(model, flash_attn, kv_type,
                                                                reference):
     """A sequence's logits must be bitwise the same decoded alone, beside other sequences, and
@@ -451,6 +459,7 @@ def test_each_context_finds_its_own_cpu_backend(model):
     assert backend not in _claimed_backends
 
 
+@cpu_exact
 def test_flash_attention_computes_every_cut_of_a_prompt_alike(model):
     """Why prefix hits may end on any token and the scheduler may merge prompt cells into one
     piece with flash attention too: a prompt computed in pieces of 2 or more tokens, however

@@ -17,6 +17,8 @@ from pathlib import Path
 import gguf
 import pytest
 
+from tests.devices import cpu_timing
+
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -84,6 +86,7 @@ def test_kvcache_on_is_faster_than_off_at_50_tokens(kvcache_run):
     assert rows[50]["speedup"]["median"] > 2
 
 
+@cpu_timing
 def test_kvcache_off_latency_grows_with_position_and_on_does_not_catch_up(kvcache_run):
     _, run = kvcache_run
     per = run["result"]["per_position_ms"]

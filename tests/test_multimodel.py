@@ -7,7 +7,7 @@ import openai
 import pytest
 from openai import OpenAI
 
-from tests.server_proc import GEMMA3, SMOLLM2, running_server
+from tests.server_proc import GEMMA3, SMOLLM2, running_server, two_cores
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +72,9 @@ def test_chat_to_a_model_without_a_template_is_a_clear_400(two_models):
 
 
 def test_replicas_split_the_cores_and_route_by_prefix():
-    with running_server({"PAGEDLLAMA_CONTEXTS": "2", "PAGEDLLAMA_THREADS": "2"}) as base:
+    # pinned to two cores: two replicas get one thread each, whatever the machine
+    with running_server({"PAGEDLLAMA_CONTEXTS": "2", "PAGEDLLAMA_THREADS": "2"},
+                        cpus=two_cores()) as base:
         contexts = httpx.get(f"{base}/health").json()["models"]
         contexts = next(iter(contexts.values()))["contexts"]
         assert len(contexts) == 2 and all(c["configured_threads"] == 1 for c in contexts)

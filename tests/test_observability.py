@@ -15,6 +15,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.devices import cpu_timing
 from tests.server_proc import ROOT, running_server
 
 P = "pagedllama:"
@@ -107,6 +108,7 @@ def test_metrics_text_parses_with_prometheus_client(server_url):
     assert not any(n.endswith("_created") for n in families), "no *_created series"
 
 
+@cpu_timing
 def test_metrics_answer_within_100ms_while_a_long_prefill_runs(model_name):
     """One llama_decode computes a whole 1500-token prompt (a 2048-token prefill grid), and
     /metrics is timed again and again while that single decode runs. The machine is shared (2

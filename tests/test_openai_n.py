@@ -6,6 +6,7 @@ import httpx
 import openai
 import pytest
 
+from tests.devices import cpu_exact
 from tests.test_api import contexts, wait_idle
 
 Q = [{"role": "user", "content": "Name a colour."}]
@@ -16,6 +17,7 @@ def chat(client, model, **kw):
 
 
 # ---- n > 1 --------------------------------------------------------------------------------------
+@cpu_exact
 def test_greedy_n3_gives_three_identical_choices_equal_to_the_n1_answer(client, model_name):
     one = chat(client, model_name, temperature=0).choices[0].message.content
     three = chat(client, model_name, temperature=0, n=3)
@@ -23,6 +25,7 @@ def test_greedy_n3_gives_three_identical_choices_equal_to_the_n1_answer(client, 
     assert [c.message.content for c in three.choices] == [one] * 3
 
 
+@cpu_exact
 def test_sampled_n3_with_a_seed_is_reproducible_and_choices_differ(client, model_name):
     kw = dict(temperature=1.0, n=3, seed=11, max_tokens=16)
     a = [c.message.content for c in chat(client, model_name, **kw).choices]
@@ -98,6 +101,7 @@ def test_disconnect_during_an_n4_stream_frees_every_sequence_and_block(server_ur
 PROMPTS = ["The capital of France is", "One, two, three,", "My favourite food is"]
 
 
+@cpu_exact
 def test_a_list_of_three_prompts_gives_three_choices_equal_to_three_requests(client, model_name):
     solo = [client.completions.create(model=model_name, prompt=p, max_tokens=8,
                                       temperature=0).choices[0].text for p in PROMPTS]
@@ -138,6 +142,7 @@ def test_a_streamed_list_of_prompts_finishes_every_choice(client, model_name):
 
 
 # ---- echo with logprobs -------------------------------------------------------------------------
+@cpu_exact
 def test_echo_with_logprobs_scores_the_prompt_then_the_answer(client, model_name):
     prompt = "The capital of France is"
     plain = client.completions.create(model=model_name, prompt=prompt, max_tokens=4,

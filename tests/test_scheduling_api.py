@@ -6,6 +6,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 from openai import OpenAI
 
+from tests.devices import cpu_timing
 from tests.server_proc import SMOLLM2_NAME, running_server
 
 
@@ -22,6 +23,7 @@ def first_token_time(base, priority, content, max_tokens=24):
     return ttft
 
 
+@cpu_timing
 def test_priority_requests_overtake_a_flood_of_low_priority_ones():
     env = {"PAGEDLLAMA_SCHEDULER": "priority", "PAGEDLLAMA_MAX_SEQS": "2"}
     with running_server(env) as base:

@@ -1,6 +1,7 @@
 """A real server next to a real busy process: its contexts give a thread up while the neighbour
 runs and take it back when the neighbour leaves (the policy itself is unit-tested with recorded
-figures in tests/unit/test_thread_governor.py)."""
+figures in tests/unit/test_thread_governor.py). The server is pinned to two cores and the
+neighbour to one of them, so that a machine with more cores is a 2-core one here."""
 import os
 import subprocess
 import sys
@@ -10,9 +11,9 @@ import time
 import httpx
 import pytest
 
-from tests.server_proc import SMOLLM2_NAME, running_server
+from tests.server_proc import SMOLLM2_NAME, running_server, two_cores
 
-pytestmark = pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="needs 2 cores")
+pytestmark = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 cores")
 
 
 def context(base: str) -> dict:
@@ -39,12 +40,14 @@ def wait_for(predicate, seconds: float) -> bool:
 
 def test_a_busy_neighbour_takes_a_thread_away_until_it_leaves():
     env = {"PAGEDLLAMA_THREADS": "2", "PAGEDLLAMA_ADAPTIVE_THREADS": "1"}
-    with running_server(env) as base:
+    cores = two_cores()
+    with running_server(env, cpus=cores) as base:
         assert context(base)["threads"] == 2
         stop = threading.Event()
         load = threading.Thread(target=keep_busy, args=(base, stop), daemon=True)
         load.start()
-        neighbour = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+        neighbour = subprocess.Popen([sys.executable, "-c", "while True: pass"],
+                                     preexec_fn=lambda: os.sched_setaffinity(0, {max(cores)}))
         try:
             assert wait_for(lambda: context(base)["threads"] == 1, 20), context(base)
         finally:

@@ -47,3 +47,31 @@ def test_the_environment_picks_kernel_and_cache(monkeypatch):
     assert engine_from_env().kv_type == "q8_0"
     monkeypatch.setenv("PAGEDLLAMA_KV_TYPE", "")
     assert engine_from_env().kv_type == "f16"
+
+
+def test_prompt_chunks_and_step_budget_follow_the_device(monkeypatch):
+    """Where the model computes on a GPU, prompts go in larger chunks within a larger step
+    budget; PAGEDLLAMA_GPU_LAYERS=0 (all on the CPU) and explicit settings win."""
+    from server import config
+
+    for name in ("PREFILL_CHUNK", "MAX_BATCH_TOKENS", "GPU_LAYERS"):
+        monkeypatch.delenv(f"PAGEDLLAMA_{name}", raising=False)
+    monkeypatch.setattr(config, "gpu_offload_supported", lambda: False)
+    cfg = engine_from_env()
+    assert (cfg.prefill_chunk, cfg.max_batch_tokens) == (16, 256)
+    monkeypatch.setattr(config, "gpu_offload_supported", lambda: True)
+    cfg = engine_from_env()
+    assert (cfg.prefill_chunk, cfg.max_batch_tokens) == (256, 1024)
+    monkeypatch.setenv("PAGEDLLAMA_GPU_LAYERS", "0")
+    assert (engine_from_env().prefill_chunk, engine_from_env().max_batch_tokens) == (16, 256)
+    monkeypatch.setenv("PAGEDLLAMA_GPU_LAYERS", "-1")
+    monkeypatch.setenv("PAGEDLLAMA_PREFILL_CHUNK", "64")
+    assert (engine_from_env().prefill_chunk, engine_from_env().max_batch_tokens) == (64, 1024)
+
+
+def test_threads_default_to_the_cores_this_process_may_use(monkeypatch):
+    from server import config
+
+    monkeypatch.delenv("PAGEDLLAMA_THREADS", raising=False)
+    monkeypatch.setattr(config.os, "sched_getaffinity", lambda pid: {3, 5, 7})
+    assert engine_from_env().n_threads == 3 == config.usable_cores()
