@@ -78,6 +78,7 @@ def test_threads_sweeps_past_the_core_count_and_names_a_measured_setting(threads
     assert f"n_threads={best['n_threads']}, n_threads_batch={best['n_threads_batch']}" in run["stdout"]
 
 
+@cpu_timing
 def test_kvcache_on_is_faster_than_off_at_50_tokens(kvcache_run):
     _, run = kvcache_run
     rows = {r["tokens"]: r for r in run["result"]["by_tokens"]}
