@@ -58,9 +58,10 @@ def usable_cores() -> int:
 
 
 # Defaults that differ when the model computes on a GPU (scripts/gpu_check.sh on an H200,
-# README "GPU"): a step there costs about the same for 16 tokens as for 256, so prompts go
-# in larger chunks (a 2,000-token prompt beside 8 streams: first token after 0.1 s with
-# chunks of 192, 0.5 s with 16, no larger gap between the streams' tokens).
+# README "GPU"): a step there costs about the same for 16 tokens as for 256, so prompts go in
+# larger chunks within larger steps. Measured against the CPU defaults at 16 streams: 1.16x
+# the output tok/s, 1.40x the shared-prefix request rate, a 2,000-token prompt's first token
+# after 0.11 s instead of 0.55 s; TTFT p50 a little longer (99 against 76 ms).
 GPU_DEFAULTS = {"MAX_BATCH_TOKENS": "1024", "PREFILL_CHUNK": "256"}
 CPU_DEFAULTS = {"MAX_BATCH_TOKENS": "256", "PREFILL_CHUNK": "16"}
 

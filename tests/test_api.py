@@ -7,7 +7,7 @@ import httpx
 import openai
 import pytest
 
-from tests.devices import cpu_exact
+from tests.devices import GPU_BUILD, cpu_exact
 
 QUESTIONS = ["What is the capital of France?", "Write a haiku about the sea.",
              "Name three colours.", "Explain what a CPU does.", "Say hello in Spanish.",
@@ -62,6 +62,7 @@ def test_health_says_the_model_is_loaded(server_url, model_name):
     assert body["status"] == "ok" and body["models"][model_name]["loaded"] is True
     model = body["models"][model_name]   # the kernel and cache the defaults give (README)
     assert (model["flash_attn"], model["kv_type"], model["kv_unified"]) == (True, "f16", False)
+    assert model["on_gpu"] is GPU_BUILD   # every layer on the GPU by default, with a GPU build
 
 
 def test_chat_completion_answers_with_usage(client, model_name):

@@ -8,7 +8,7 @@ Loads the model twice, all layers offloaded and none, and prints:
 - batch invariance on each device: the largest logit difference between a sequence decoded
   alone and the same sequence decoded beside 15 others (the same tokens, the same positions),
   and whether its greedy token changes;
-- decode speed on the GPU: one llama_decode of 1 and of 64 one-token sequences.
+- decode speed on the GPU: one llama_decode of 1, 16 and 64 one-token sequences.
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import time
 
 import numpy as np
 
-from engine.llama import Context, ContextConfig, Model, init_backend
+from engine.llama import Context, ContextConfig, Model, gpu_offload_supported, llama_cpp_version
 
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, a robot",
            "List three prime numbers:"]
@@ -71,10 +71,8 @@ def step_ms(ctx: Context, model: Model, n_seqs: int, reps: int = 20) -> float:
 
 
 def main(path: str = "models/SmolLM2-135M-Instruct.Q4_1.gguf") -> None:
-    import llama_cpp as C
-    init_backend()
-    print("llama-cpp-python", C.__version__, "| GPU offload offered:",
-          bool(C.llama_supports_gpu_offload()))
+    print("llama-cpp-python", llama_cpp_version(), "| GPU offload offered:",
+          gpu_offload_supported())
     answers = {}
     for name, layers in (("gpu", -1), ("cpu", 0)):
         t = time.perf_counter()
