@@ -9,8 +9,9 @@
 #                                 # chunking at 1, 16 and 64 concurrent
 #   scripts/gpu_check.sh probe tests   # several stages in one call
 #
-# What it expects under .gpu/ (git-ignored, carried there; scripts/build_cuda_llama.sh makes
-# the first two on any machine with nvcc, no GPU needed):
+# What it expects under .gpu/ (git-ignored, carried there in three calls: scripts/gpu_pack.sh
+# lays it out and lists the calls; scripts/build_cuda_llama.sh makes cuda.tar.xz on any machine
+# with nvcc, no GPU needed):
 #   cuda.tar.xz      libllama/libggml*/libmtmd built with GGML_CUDA from llama-cpp-python's
 #                    vendored llama.cpp, llama-server from the same build, libcudart
 #   model.part*      the default GGUF, split (one call carries at most 64 MiB)
