@@ -70,10 +70,15 @@ def server_run(base: str, model: str, prompts: list[list[int]], args) -> dict:
     return report
 
 
+def sequences(args) -> int:
+    """Sequences the raw loop runs at once, and our server's MAX_SEQS: the same for both."""
+    return max(args.n_seq_max, max(args.streams))
+
+
 def measure(base: str, args) -> dict:
     model_name = first_model(base)
     config = CeilingConfig(n_threads=args.threads, n_ctx_seq=args.n_ctx,
-                           n_seq_max=max(args.n_seq_max, max(args.streams)),
+                           n_seq_max=sequences(args),
                            kv_unified=args.kv_unified, flash_attn=args.flash_attn)
     rows = []
     with Ceiling(args.model, config) as ceiling:
@@ -138,8 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         env = {"PAGEDLLAMA_KV_UNIFIED": "1" if args.kv_unified else "0",
                "PAGEDLLAMA_FLASH_ATTN": "1" if args.flash_attn else "0",
-               # as many sequences as the raw loop runs at once
-               "PAGEDLLAMA_MAX_SEQS": str(max(args.n_seq_max, max(args.streams)))}
+               "PAGEDLLAMA_MAX_SEQS": str(sequences(args))}
         with launched(our_server(args.model, args.threads, args.n_ctx, env)) as base:
             result = measure(base, args)
     result["config"] = vars(args)
