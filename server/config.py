@@ -6,7 +6,6 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 from engine import EngineConfig
-from engine.llama import gpu_offload_supported
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_MODEL = ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -52,35 +51,25 @@ def _flag(name: str, default: bool) -> bool:
     return _env(name, "1" if default else "0").strip().lower() in ("1", "true", "yes", "on")
 
 
+def _int_or_none(name: str) -> int | None:
+    value = _env(name, "").strip()
+    return int(value) if value else None
+
+
 def usable_cores() -> int:
     """The cores this process may run on (its affinity: a cpuset or taskset narrows it)."""
     return len(os.sched_getaffinity(0)) or 1
 
 
-# Defaults that differ when the model computes on a GPU (scripts/gpu_check.sh on an H200,
-# README "GPU"): a step there costs about the same for 16 tokens as for 256, so prompts go in
-# larger chunks within larger steps. Measured against the CPU defaults at 16 streams: 1.16x
-# the output tok/s, 1.40x the shared-prefix request rate, a 2,000-token prompt's first token
-# after 0.11 s instead of 0.55 s; TTFT p50 a little longer (99 against 76 ms).
-GPU_DEFAULTS = {"MAX_BATCH_TOKENS": "1024", "PREFILL_CHUNK": "256"}
-CPU_DEFAULTS = {"MAX_BATCH_TOKENS": "256", "PREFILL_CHUNK": "16"}
-
-
-def offloaded() -> bool:
-    """Will the model compute on a GPU: a GPU build, and PAGEDLLAMA_GPU_LAYERS not 0?"""
-    return _env("GPU_LAYERS", "").strip() != "0" and gpu_offload_supported()
-
-
 def engine_from_env() -> EngineConfig:
-    device = GPU_DEFAULTS if offloaded() else CPU_DEFAULTS
     return EngineConfig(
         n_ctx=int(_env("N_CTX", "2048")),
         max_seqs=int(_env("MAX_SEQS", "16")),
         n_threads=int(_env("THREADS", str(usable_cores()))),
-        max_batch_tokens=int(_env("MAX_BATCH_TOKENS", device["MAX_BATCH_TOKENS"])),
+        max_batch_tokens=_int_or_none("MAX_BATCH_TOKENS"),   # None: by device (resolved_for)
         wave_batch_tokens=int(_env("WAVE_BATCH_TOKENS", "2048")),
         block_size=int(_env("BLOCK_SIZE", "8")),
-        prefill_chunk=int(_env("PREFILL_CHUNK", device["PREFILL_CHUNK"])),
+        prefill_chunk=_int_or_none("PREFILL_CHUNK"),
         prefix_caching=_flag("PREFIX_CACHING", True),
         kv_unified=_flag("KV_UNIFIED", False),
         flash_attn=(None if _env("FLASH_ATTN", "auto").strip().lower() in ("", "auto")

@@ -7,6 +7,7 @@ import httpx
 import openai
 import pytest
 
+from engine.worker import DEVICE_DEFAULTS
 from tests.devices import GPU_BUILD, cpu_exact
 
 QUESTIONS = ["What is the capital of France?", "Write a haiku about the sea.",
@@ -63,6 +64,9 @@ def test_health_says_the_model_is_loaded(server_url, model_name):
     model = body["models"][model_name]   # the kernel and cache the defaults give (README)
     assert (model["flash_attn"], model["kv_type"], model["kv_unified"]) == (True, "f16", False)
     assert model["on_gpu"] is GPU_BUILD   # every layer on the GPU by default, with a GPU build
+    device = DEVICE_DEFAULTS["gpu" if GPU_BUILD else "cpu"]   # chunks and steps by device
+    assert (model["prefill_chunk"], model["max_batch_tokens"]) == (
+        device["prefill_chunk"], device["max_batch_tokens"])
 
 
 def test_chat_completion_answers_with_usage(client, model_name):

@@ -7,8 +7,8 @@ from server.config import engine_from_env
 
 
 class FakeModel:
-    def __init__(self, has_k_quants):
-        self.has_k_quants = has_k_quants
+    def __init__(self, has_k_quants, on_gpu=False):
+        self.has_k_quants, self.on_gpu = has_k_quants, on_gpu
 
 
 def test_by_default_flash_attention_unless_the_weights_are_k_quants():
@@ -50,23 +50,26 @@ def test_the_environment_picks_kernel_and_cache(monkeypatch):
 
 
 def test_prompt_chunks_and_step_budget_follow_the_device(monkeypatch):
-    """Where the model computes on a GPU, prompts go in larger chunks within a larger step
-    budget; PAGEDLLAMA_GPU_LAYERS=0 (all on the CPU) and explicit settings win."""
-    from server import config
-
-    for name in ("PREFILL_CHUNK", "MAX_BATCH_TOKENS", "GPU_LAYERS"):
+    """Where a model computes on a GPU, prompts go in larger chunks within a larger step
+    budget; each model by its own device (a models file may keep one on the CPU), and explicit
+    settings win."""
+    for name in ("PREFILL_CHUNK", "MAX_BATCH_TOKENS"):
         monkeypatch.delenv(f"PAGEDLLAMA_{name}", raising=False)
-    monkeypatch.setattr(config, "gpu_offload_supported", lambda: False)
     cfg = engine_from_env()
-    assert (cfg.prefill_chunk, cfg.max_batch_tokens) == (16, 256)
-    monkeypatch.setattr(config, "gpu_offload_supported", lambda: True)
-    cfg = engine_from_env()
-    assert (cfg.prefill_chunk, cfg.max_batch_tokens) == (256, 1024)
-    monkeypatch.setenv("PAGEDLLAMA_GPU_LAYERS", "0")
-    assert (engine_from_env().prefill_chunk, engine_from_env().max_batch_tokens) == (16, 256)
-    monkeypatch.setenv("PAGEDLLAMA_GPU_LAYERS", "-1")
+    assert (cfg.prefill_chunk, cfg.max_batch_tokens) == (None, None)   # left to the model
+    cpu, gpu = cfg.resolved_for(FakeModel(False)), cfg.resolved_for(FakeModel(False, True))
+    assert (cpu.prefill_chunk, cpu.max_batch_tokens) == (16, 256)
+    assert (gpu.prefill_chunk, gpu.max_batch_tokens) == (256, 1024)
+    assert gpu.flash_attn is True and gpu.n_threads == cfg.n_threads
     monkeypatch.setenv("PAGEDLLAMA_PREFILL_CHUNK", "64")
-    assert (engine_from_env().prefill_chunk, engine_from_env().max_batch_tokens) == (64, 1024)
+    cfg = engine_from_env()
+    assert (cfg.prefill_chunk, cfg.max_batch_tokens) == (64, None)
+    gpu = cfg.resolved_for(FakeModel(False, True))
+    assert (gpu.prefill_chunk, gpu.max_batch_tokens) == (64, 1024)
+    monkeypatch.setenv("PAGEDLLAMA_MAX_BATCH_TOKENS", "")
+    assert engine_from_env().max_batch_tokens is None
+    assert EngineConfig(max_batch_tokens=512).resolved_for(
+        FakeModel(True, True)).max_batch_tokens == 512
 
 
 def test_threads_default_to_the_cores_this_process_may_use(monkeypatch):
