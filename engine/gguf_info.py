@@ -28,6 +28,8 @@ class TensorInfo:
     name: str
     type_name: str       # ggml's name of its element type: "Q4_1", "F32", ...
     n_elements: int
+    n_dims: int
+    n_bytes: int         # of its data in the file
 
 
 @dataclass
@@ -107,7 +109,9 @@ def read_header(path: str | Path) -> GGUFHeader:
                 n = 1
                 for d in dims:
                     n *= d
-                tensors.append(TensorInfo(name, gguf.GGMLQuantizationType(ttype).name, n))
+                kind = gguf.GGMLQuantizationType(ttype)
+                block, size = gguf.GGML_QUANT_SIZES[kind]
+                tensors.append(TensorInfo(name, kind.name, n, n_dims, n // block * size))
         finally:
             cur.buf.release()
     return GGUFHeader(metadata, tensors)

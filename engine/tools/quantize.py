@@ -12,6 +12,7 @@ import gguf
 import llama_cpp as C
 import numpy as np
 
+from engine.gguf_info import read_header
 from engine.llama import init_backend
 
 _INTERNAL_PREFIX = "GGUF."
@@ -90,27 +91,27 @@ def quantize(src: str | Path, dst: str | Path, type_name: str, n_threads: int = 
 def tensor_mix(path: str | Path) -> dict:
     """What a GGUF really holds: tensor types (count and share of weights), the type of the
     token embedding, bits per weight over all tensors and over the 2-D (matrix) tensors."""
-    reader = gguf.GGUFReader(str(path))
+    header = read_header(path)
     count: Counter[str] = Counter()
     weights: Counter[str] = Counter()
     bytes_all = elems_all = bytes_2d = elems_2d = 0
     embedding = None
-    for t in reader.tensors:
-        kind = t.tensor_type.name
+    for t in header.tensors:
+        kind = t.type_name
         count[kind] += 1
-        weights[kind] += int(t.n_elements)
-        bytes_all += int(t.n_bytes)
-        elems_all += int(t.n_elements)
-        if len(t.shape) >= 2:
-            bytes_2d += int(t.n_bytes)
-            elems_2d += int(t.n_elements)
+        weights[kind] += t.n_elements
+        bytes_all += t.n_bytes
+        elems_all += t.n_elements
+        if t.n_dims >= 2:
+            bytes_2d += t.n_bytes
+            elems_2d += t.n_elements
         if t.name == "token_embd.weight":
             embedding = kind
-    file_type = reader.get_field("general.file_type")
+    file_type = header.metadata.get("general.file_type")
     try:
-        declared = gguf.LlamaFileType(file_type.contents()).name.removeprefix("MOSTLY_") if file_type else None
+        declared = gguf.LlamaFileType(file_type).name.removeprefix("MOSTLY_") if file_type is not None else None
     except ValueError:
-        declared = str(file_type.contents())
+        declared = str(file_type)
     return {
         "declared_type": declared,
         "tensor_types": dict(count.most_common()),

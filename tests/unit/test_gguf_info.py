@@ -9,8 +9,9 @@ from tests.server_proc import SMOLLM2
 
 def test_the_header_holds_what_the_gguf_package_reads():
     reference, header = gguf.GGUFReader(str(SMOLLM2)), read_header(SMOLLM2)
-    assert [(t.name, t.tensor_type.name, int(t.n_elements)) for t in reference.tensors] == [
-        (t.name, t.type_name, t.n_elements) for t in header.tensors]
+    assert [(t.name, t.tensor_type.name, int(t.n_elements), len(t.shape), int(t.n_bytes))
+            for t in reference.tensors] == [
+        (t.name, t.type_name, t.n_elements, t.n_dims, t.n_bytes) for t in header.tensors]
     fields = {k: f for k, f in reference.fields.items() if not k.startswith("GGUF.")}
     assert list(fields) == list(header.metadata)
     for key, value in header.metadata.items():
