@@ -21,23 +21,20 @@
 #   echo | gcc -shared -x c - -o /usr/local/cuda/lib/stubs/libcuda.so -Wl,-soname,libcuda.so.1
 set -euo pipefail
 
-VERSION=${LLAMA_CPP_PYTHON_VERSION:-0.3.36}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
+. "$ROOT/scripts/llama_source.sh"
 CUDA=${CUDA_HOME:-/usr/local/cuda}
 ARCH=${CUDA_ARCH:-90}
 JOBS=${JOBS:-2}
 PEER=$ROOT/.peer
-SRC=$PEER/llama_cpp_python-$VERSION
 BUILD=$PEER/build-cuda
 
 if [ ! -e "$CUDA/lib/libcublas.so" ] && [ ! -e "$CUDA/lib64/libcublas.so" ]; then
     echo "no cuBLAS in $CUDA: see the comment at the top of $0" >&2
     exit 1
 fi
-if [ ! -d "$SRC/vendor/llama.cpp" ]; then
-    python3 -m pip download --no-deps --no-binary :all: "llama-cpp-python==$VERSION" -d "$PEER"
-    tar -xzf "$PEER/llama_cpp_python-$VERSION.tar.gz" -C "$PEER"
-fi
+mkdir -p "$PEER"
+SRC=$(llama_source "$PEER")
 # The CPU side stays portable (AVX2, no AMX), as in the images: the GPU machine's CPU is not
 # this one. --allow-shlib-undefined: llama-server may link against a stub libcuda.
 cmake -S "$SRC/vendor/llama.cpp" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF \

@@ -8,8 +8,8 @@
 # JOBS=N sets the parallel build jobs (default 2). Nothing here is committed.
 set -euo pipefail
 
-VERSION=${LLAMA_CPP_PYTHON_VERSION:-0.3.36}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
+. "$ROOT/scripts/llama_source.sh"
 DEST=${1:-$ROOT/.peer}
 JOBS=${JOBS:-2}
 PYTHON=${PYTHON:-$ROOT/.venv/bin/python}
@@ -17,13 +17,7 @@ PYTHON=${PYTHON:-$ROOT/.venv/bin/python}
 
 mkdir -p "$DEST"
 DEST=$(cd "$DEST" && pwd)
-SRC=$DEST/llama_cpp_python-$VERSION
-
-if [ ! -d "$SRC/vendor/llama.cpp" ]; then
-    "$PYTHON" -m pip download --no-deps --no-binary :all: \
-        "llama-cpp-python==$VERSION" -d "$DEST"
-    tar -xzf "$DEST"/llama_cpp_python-"$VERSION".tar.gz -C "$DEST"
-fi
+SRC=$(llama_source "$DEST" "$PYTHON")
 
 # No AMX: Xeons that report it in these VMs crash in ggml's AMX kernels (see the Makefile).
 NO_AMX="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
