@@ -49,6 +49,8 @@ class _Cursor:
 
     def string(self) -> str:
         n = self.scalar("<Q")
+        if self.pos + n > len(self.buf):
+            raise ValueError(f"a string of {n} bytes at byte {self.pos} runs past the file's end")
         self.pos += n
         return bytes(self.buf[self.pos - n:self.pos]).decode("utf-8", errors="replace")
 
@@ -84,36 +86,43 @@ class _Cursor:
 
 def read_header(path: str | Path) -> GGUFHeader:
     """The metadata and the tensor table of a GGUF file (versions 2 and 3)."""
-    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-        cur = _Cursor(memoryview(buf))
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf, \
+            memoryview(buf) as view:
+        if bytes(view[:4]) != b"GGUF":
+            raise ValueError(f"{path}: not a GGUF file")
         try:
-            if bytes(cur.buf[:4]) != b"GGUF":
-                raise ValueError(f"{path}: not a GGUF file")
-            cur.pos = 4
-            version = cur.scalar("<I")
-            if version < 2:
-                raise ValueError(f"{path}: GGUF version {version} (only 2 and 3 are read)")
-            n_tensors, n_kv = cur.scalar("<Q"), cur.scalar("<Q")
-            metadata = {}
-            for _ in range(n_kv):
-                key = cur.string()
-                metadata[key] = cur.value(cur.scalar("<I"))
-            tensors = []
-            for _ in range(n_tensors):
-                name = cur.string()
-                n_dims = cur.scalar("<I")
-                dims = struct.unpack_from(f"<{n_dims}Q", cur.buf, cur.pos)
-                cur.pos += 8 * n_dims
-                ttype = cur.scalar("<I")
-                cur.pos += 8   # the data's offset
-                n = 1
-                for d in dims:
-                    n *= d
-                kind = gguf.GGMLQuantizationType(ttype)
-                block, size = gguf.GGML_QUANT_SIZES[kind]
-                tensors.append(TensorInfo(name, kind.name, n, n_dims, n // block * size))
-        finally:
-            cur.buf.release()
+            return _parse(_Cursor(view))
+        except struct.error as exc:
+            raise ValueError(f"{path}: the GGUF header ends early ({exc})") from None
+        except ValueError as exc:
+            raise ValueError(f"{path}: {exc}") from None
+
+
+def _parse(cur: _Cursor) -> GGUFHeader:
+    """The header after its magic: version, counts, metadata, tensor table."""
+    cur.pos = 4
+    version = cur.scalar("<I")
+    if version not in (2, 3):   # (a big-endian file reads as 0x03000000)
+        raise ValueError(f"GGUF version {version} (only 2 and 3 are read)")
+    n_tensors, n_kv = cur.scalar("<Q"), cur.scalar("<Q")
+    metadata = {}
+    for _ in range(n_kv):
+        key = cur.string()
+        metadata[key] = cur.value(cur.scalar("<I"))
+    tensors = []
+    for _ in range(n_tensors):
+        name = cur.string()
+        n_dims = cur.scalar("<I")
+        dims = struct.unpack_from(f"<{n_dims}Q", cur.buf, cur.pos)
+        cur.pos += 8 * n_dims
+        ttype = cur.scalar("<I")
+        cur.pos += 8   # the data's offset
+        n = 1
+        for d in dims:
+            n *= d
+        kind = gguf.GGMLQuantizationType(ttype)
+        block, size = gguf.GGML_QUANT_SIZES[kind]
+        tensors.append(TensorInfo(name, kind.name, n, n_dims, n * size // block))
     return GGUFHeader(metadata, tensors)
 
 

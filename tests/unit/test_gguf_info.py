@@ -34,3 +34,54 @@ def test_a_file_that_is_not_gguf_is_refused(tmp_path):
     path.write_bytes(b"GGML" + bytes(64))
     with pytest.raises(ValueError, match="not a GGUF file"):
         read_header(path)
+
+
+def _every_kind_of_field(path):
+    """A small GGUF with every scalar type, a string, arrays of numbers, of strings and of
+    arrays, and tensors of three types."""
+    import numpy as np
+    w = gguf.GGUFWriter(str(path), "llama")
+    for i, add in enumerate((w.add_uint8, w.add_int8, w.add_uint16, w.add_int16, w.add_uint32,
+                             w.add_int32, w.add_uint64, w.add_int64)):
+        add(f"t.int{i}", i + 1)
+    w.add_float32("t.f32", 0.5)
+    w.add_float64("t.f64", 0.25)
+    w.add_bool("t.bool", True)
+    w.add_string("t.str", "ünïcode ✓")
+    w.add_array("t.ints", [1, 2, 3])
+    w.add_array("t.strs", ["a", "bc", ""])
+    w.add_array("t.nested", [[1, 2], [3]])
+    w.add_string("t.after", "read past every array")
+    w.add_tensor("a", np.zeros((4, 64), dtype=np.float32))
+    w.add_tensor("b", np.zeros(32, dtype=np.float16))
+    w.add_tensor("c", np.zeros((2, 34), dtype=np.uint8), raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def test_every_value_type_and_nested_arrays_read_as_the_gguf_package_reads_them(tmp_path):
+    path = tmp_path / "kinds.gguf"
+    _every_kind_of_field(path)
+    reference, header = gguf.GGUFReader(str(path)), read_header(path)
+    for key, field in reference.fields.items():
+        if key.startswith("GGUF."):
+            continue
+        expected = field.contents()
+        assert header.metadata[key] == (None if isinstance(expected, list) else expected), key
+    assert header.metadata["t.after"] == "read past every array"
+    assert [(t.name, t.type_name, t.n_elements, t.n_dims, t.n_bytes) for t in header.tensors] == [
+        (t.name, t.tensor_type.name, int(t.n_elements), len(t.shape), int(t.n_bytes))
+        for t in reference.tensors] == [("a", "F32", 256, 2, 1024), ("b", "F16", 32, 1, 64),
+                                        ("c", "Q8_0", 64, 2, 68)]
+
+
+def test_a_header_cut_short_is_refused(tmp_path):
+    path = tmp_path / "kinds.gguf"
+    _every_kind_of_field(path)
+    data = path.read_bytes()
+    for cut in (6, 30, 200, data.index(b"read past") + 3):
+        (tmp_path / "cut.gguf").write_bytes(data[:cut])
+        with pytest.raises(ValueError, match="ends early|runs past"):
+            read_header(tmp_path / "cut.gguf")
