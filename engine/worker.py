@@ -100,7 +100,8 @@ class EngineConfig:
 
     @property
     def step_tokens(self) -> int:
-        """The most tokens one step (one llama_decode) may take."""
+        """The most tokens one step (one llama_decode) may take (of a config resolved_for a
+        model)."""
         return max(self.max_batch_tokens, self.wave_batch_tokens)
 
     @property

@@ -53,7 +53,7 @@ def test_prompt_chunks_and_step_budget_follow_the_device(monkeypatch):
     """Where a model computes on a GPU, prompts go in larger chunks within a larger step
     budget; each model by its own device (a models file may keep one on the CPU), and explicit
     settings win."""
-    for name in ("PREFILL_CHUNK", "MAX_BATCH_TOKENS"):
+    for name in ("PREFILL_CHUNK", "MAX_BATCH_TOKENS", "FLASH_ATTN", "KV_TYPE"):
         monkeypatch.delenv(f"PAGEDLLAMA_{name}", raising=False)
     cfg = engine_from_env()
     assert (cfg.prefill_chunk, cfg.max_batch_tokens) == (None, None)   # left to the model
