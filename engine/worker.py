@@ -4,7 +4,8 @@ Each step: take new and cancelled requests from the inbox; ask the scheduler for
 its KV operations; run the batch through llama_decode (the GIL is released inside: one call, or
 with split KV one call per micro-batch shape, see Worker._groups); sample every sequence that
 produced logits and post-process its token in one place (append, stop checks, finish); hand the
-new text to each request's asyncio queue with one loop.call_soon_threadsafe per step. The HTTP
+new text to each request's asyncio queue with one hand-off to the event loop per step (which
+the loop runs once the next decode releases the GIL: engine/handoff.py). The HTTP
 event loop never calls llama.cpp, and reads only what the worker publishes (ContextStats, the
 set of cached block hashes), never the scheduler's or block manager's live structures.
 Before a step that would start a wave of prompts (scheduler/scheduler.py), the worker waits a
@@ -34,6 +35,7 @@ from dataclasses import dataclass, replace
 
 from engine.detok import TextStream
 from engine.grammar import tokenizer_for
+from engine.handoff import hand_over
 from engine.llama import KV_TYPES, Context, ContextConfig, Model
 from engine.logprobs import TokenLogprob, token_logprob
 from engine.request import Admit, Cancel, Event, InboxMessage, Request
@@ -548,7 +550,7 @@ class Worker:
         if not events:
             return
         try:
-            events[0][0].loop.call_soon_threadsafe(_put_all, events)
+            hand_over(events[0][0].loop, _put_all, events)   # (engine/handoff.py)
         except RuntimeError:   # the event loop is closed: nobody is left to read these events
             log.debug("engine %s: %d events for a closed event loop dropped", self.name,
                       len(events))
