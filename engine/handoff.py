@@ -10,12 +10,14 @@ the next `llama_decode`. Measured with timers around the hand-off (1 stream): 35
 same way but writes the byte through libc's `write` called via `ctypes.PyDLL`, whose calls keep
 the GIL: the loop wakes, waits for the GIL, and gets it when the worker releases it, i.e. when
 the next `llama_decode` starts (or the worker goes idle). The loop's work then runs beside the
-decode instead of before it. `benchmarks.paired`, 1 stream, against `call_soon_threadsafe`:
-1.056x and 1.076x with the order swapped (10 pairs each; two identical servers give 1.000x,
-±3-4 %); 4 streams: 0.967x and 1.073x (6 pairs each). The hand-off itself: 0.21 against 0.63 ms
-a step (`/health` `step_ms.deliver_s`), `llama_decode` no slower.
+decode instead of before it. `benchmarks.paired`, 1 stream, 10 pairs a run, against
+`call_soon_threadsafe`: 1.056x and 1.076x (a first version), 1.001x and 1.014x (this one), the
+orders swapped between runs; TPOT p50 1-4 % lower in all four (e.g. 15.4 vs 16.0 ms). Two
+identical servers give 1.000x with a spread of +-3-4 %, so the throughput gain is within a run's
+noise, and the lower TPOT is what repeats. 4 streams: 0.967x and 1.073x (6 pairs each). The
+hand-off itself: 0.20 against 0.63 ms a step (`/health` `step_ms.deliver_s`).
 
-Only asyncio's selector loops (the default, uvicorn's `--loop asyncio`) have the self-pipe this
+Only asyncio's selector loops (its default; uvicorn runs one unless uvloop is installed) have the self-pipe this
 uses; any other loop (uvloop) gets `call_soon_threadsafe`.
 """
 from __future__ import annotations
