@@ -17,8 +17,8 @@ identical servers give 1.000x with a spread of +-3-4 %, so the throughput gain i
 noise, and the lower TPOT is what repeats. 4 streams: 0.967x and 1.073x (6 pairs each). The
 hand-off itself: 0.20 against 0.63 ms a step (`/health` `step_ms.deliver_s`).
 
-Only asyncio's selector loops (its default; uvicorn runs one unless uvloop is installed) have the self-pipe this
-uses; any other loop (uvloop) gets `call_soon_threadsafe`.
+Only asyncio's selector loops (its default; uvicorn runs one unless uvloop is installed) have
+the self-pipe this uses; any other loop (uvloop) gets `call_soon_threadsafe`.
 """
 from __future__ import annotations
 
