@@ -126,6 +126,18 @@ def _parse(cur: _Cursor) -> GGUFHeader:
     return GGUFHeader(metadata, tensors)
 
 
+def declared_file_type(metadata: dict) -> str | None:
+    """The type the file says it is (general.file_type: "Q4_1", "Q4_K_M", ...), whatever its
+    tensors hold; the number itself when gguf does not know it."""
+    file_type = metadata.get("general.file_type")
+    if file_type is None:
+        return None
+    try:
+        return gguf.LlamaFileType(file_type).name.removeprefix("MOSTLY_")
+    except ValueError:
+        return str(file_type)
+
+
 def gguf_facts(path: str | Path) -> dict:
     path = Path(path)
     header = read_header(path)
@@ -133,16 +145,11 @@ def gguf_facts(path: str | Path) -> dict:
     arch = meta.get("general.architecture") or "unknown"
     n_params = sum(t.n_elements for t in header.tensors)
     types = Counter(t.type_name for t in header.tensors)
-    file_type = meta.get("general.file_type")
-    try:
-        quant = gguf.LlamaFileType(file_type).name.removeprefix("MOSTLY_") if file_type is not None else None
-    except ValueError:
-        quant = str(file_type)
     return {
         "architecture": arch,
         "name": meta.get("general.name"),
         "parameters": n_params,
-        "quantization": quant,
+        "quantization": declared_file_type(meta),
         "tensor_types": dict(types.most_common()),
         "context_length": meta.get(f"{arch}.context_length"),
         "file_size": path.stat().st_size,

@@ -12,7 +12,7 @@ import gguf
 import llama_cpp as C
 import numpy as np
 
-from engine.gguf_info import read_header
+from engine.gguf_info import declared_file_type, read_header
 from engine.llama import init_backend
 
 _INTERNAL_PREFIX = "GGUF."
@@ -107,13 +107,8 @@ def tensor_mix(path: str | Path) -> dict:
             elems_2d += t.n_elements
         if t.name == "token_embd.weight":
             embedding = kind
-    file_type = header.metadata.get("general.file_type")
-    try:
-        declared = gguf.LlamaFileType(file_type).name.removeprefix("MOSTLY_") if file_type is not None else None
-    except ValueError:
-        declared = str(file_type)
     return {
-        "declared_type": declared,
+        "declared_type": declared_file_type(header.metadata),
         "tensor_types": dict(count.most_common()),
         "weight_share": {k: round(v / elems_all, 4) for k, v in weights.most_common()},
         "token_embd_type": embedding,
