@@ -80,7 +80,7 @@ tests() {
         --deselect tests/test_multimodel.py::test_models_lists_both_with_their_gguf_facts \
         --deselect tests/test_multimodel.py::test_concurrent_requests_to_both_models_answer \
         --deselect tests/test_multimodel.py::test_chat_to_a_model_without_a_template_is_a_clear_400 \
-        --deselect tests/test_benchmarks.py::test_cluster_compares_cache_aware_and_round_robin_routing \
+        --deselect tests/test_benchmarks.py::test_cluster_compares_routing_by_key_and_round_robin \
         --deselect tests/test_benchmarks.py::test_router_split_counts_where_the_router_sends_each_prefix \
         --ignore=tests/unit --ignore=tests/test_cluster.py --ignore=tests/test_clients_structured.py \
         ${TEST_PATHS:-tests} 2>&1 | tee "$OUT/pytest.log" | tail -n 30

@@ -1,5 +1,6 @@
 """The serving core through a real HTTP server, a real model and the official openai client."""
 import json
+import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -63,8 +64,10 @@ def test_health_says_the_model_is_loaded(server_url, model_name):
     assert body["status"] == "ok" and body["models"][model_name]["loaded"] is True
     model = body["models"][model_name]   # the kernel and cache the defaults give (README)
     assert (model["flash_attn"], model["kv_type"], model["kv_unified"]) == (True, "f16", False)
-    assert model["on_gpu"] is GPU_BUILD   # every layer on the GPU by default, with a GPU build
-    device = DEVICE_DEFAULTS["gpu" if GPU_BUILD else "cpu"]   # chunks and steps by device
+    # every layer on the GPU by default with a GPU build, none with PAGEDLLAMA_GPU_LAYERS=0
+    on_gpu = GPU_BUILD and os.environ.get("PAGEDLLAMA_GPU_LAYERS", "").strip() != "0"
+    assert model["on_gpu"] is on_gpu
+    device = DEVICE_DEFAULTS["gpu" if on_gpu else "cpu"]   # chunks and steps by device
     assert (model["prefill_chunk"], model["max_batch_tokens"]) == (
         device["prefill_chunk"], device["max_batch_tokens"])
 
