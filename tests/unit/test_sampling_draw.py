@@ -3,7 +3,7 @@ distribution its parameters define (computed here the slow, obvious way)."""
 import numpy as np
 import pytest
 
-from engine.sampling import SamplingParams, draw
+from engine.sampling import SamplingParams, _draw_untruncated, draw
 
 LOGITS = np.array([2.0, 1.5, 1.4, 0.3, 0.0, -0.5, -1.0, -3.0, -np.inf, 1.0], dtype=np.float32)
 
@@ -73,3 +73,57 @@ def test_same_seed_same_tokens_and_a_large_vocabulary_uses_the_candidate_cut():
     full = set(order[:int(np.searchsorted(np.cumsum(w[order]), need)) + 1].tolist())
     drawn = {draw(logits, p, rng) for _ in range(3000)}
     assert drawn <= full
+
+
+def softmax_at(logits: np.ndarray, temperature: float) -> np.ndarray:
+    x = logits.astype(np.float64) / temperature
+    w = np.exp(x - x[np.isfinite(x)].max())
+    return w / w.sum()
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.6, 1.3])
+def test_the_untruncated_draw_follows_the_softmax_through_its_tail_too(temperature):
+    """With a shallow head (depth 2) most of the mass is in the tail, so the rejection step
+    decides most draws: the counts must still follow the softmax at this temperature."""
+    rng = np.random.default_rng(3)
+    logits = np.concatenate([[0.0, -0.5, -1.0, -1.5], rng.uniform(-9, -2.5, 396),
+                             [-np.inf] * 8]).astype(np.float32)
+    rng.shuffle(logits)
+    want = softmax_at(logits, temperature)
+    n = 20_000
+    drawn = [_draw_untruncated(logits, temperature, rng, depth=2.0) for _ in range(n)]
+    assert None not in drawn
+    counts = np.bincount(drawn, minlength=logits.size)
+    assert counts[~np.isfinite(logits)].sum() == 0
+    assert counts[logits <= -2.0 * temperature].sum() > n / 4   # the tail path was exercised
+    sd = np.sqrt(n * want * (1 - want))
+    assert np.all(np.abs(counts - n * want) <= 5 * sd + 1)
+
+
+def test_draw_without_cut_offs_takes_the_head_path_on_a_vocabulary_of_peaked_logits():
+    """OpenAI's defaults (temperature 1, no top-k/top-p/min-p) on a 49,152-token vocabulary
+    where a few tokens stand out: the head path answers (not the full pass), the same seed
+    gives the same tokens, and the most likely tokens come as often as the softmax says."""
+    rng = np.random.default_rng(11)
+    logits = rng.normal(-4, 2, 49_152).astype(np.float32)
+    logits[[10, 20, 30]] = [12.0, 11.0, 10.0]
+    assert _draw_untruncated(logits, 1.0, rng) is not None
+    p = SamplingParams(temperature=1.0)
+    assert [draw(logits, p, np.random.default_rng(5)) for _ in range(3)] == \
+        [draw(logits, p, np.random.default_rng(5))] * 3
+    n = 20_000
+    counts = np.bincount([draw(logits, p, rng) for _ in range(n)], minlength=logits.size)
+    want = softmax_at(logits, 1.0)
+    for i in (10, 20, 30):
+        sd = np.sqrt(n * want[i] * (1 - want[i]))
+        assert abs(counts[i] - n * want[i]) <= 5 * sd + 1
+    rest, want_rest = n - counts[[10, 20, 30]].sum(), 1 - want[[10, 20, 30]].sum()
+    assert abs(rest - n * want_rest) <= 5 * np.sqrt(n * want_rest * (1 - want_rest)) + 1
+
+
+def test_the_untruncated_draw_leaves_flat_or_nan_logits_to_the_full_pass():
+    rng = np.random.default_rng(0)
+    assert _draw_untruncated(np.zeros(1000, np.float32), 1.0, rng) is None     # all in the head
+    assert _draw_untruncated(np.full(1000, np.nan, np.float32), 1.0, rng) is None
+    flat = np.zeros(1000, np.float32)
+    assert 0 <= draw(flat, SamplingParams(temperature=1.0), rng) < 1000
