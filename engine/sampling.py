@@ -23,6 +23,11 @@ import numpy as np
 from engine.grammar import Grammar
 from engine.llama import Context
 
+# Below this temperature a draw takes the limit T -> 0: the top logits, alike. Exact for any two
+# logits more than 1e-27 apart (exp(-1000) is 0 in float64); float32 itself would turn the top
+# logit's 0 / T into a NaN once T rounds to 0 there.
+_TINY_TEMPERATURE = 1e-30
+
 
 @dataclass
 class SamplingParams:
@@ -70,33 +75,40 @@ def draw(logits: np.ndarray, p: SamplingParams, rng: np.random.Generator) -> int
             keep = np.flatnonzero(w >= p.min_p) if keep is None else keep[w[keep] >= p.min_p]
         depth = depth[keep]
         ids = keep if ids is None else ids[keep]
-    j = _categorical(np.exp(depth / -p.temperature), rng.random())
+    if p.temperature >= _TINY_TEMPERATURE:
+        w = np.exp(depth / -p.temperature)
+    else:   # float32 would make the top's 0 / -T a NaN: the limit, the top tokens alike
+        w = (depth == 0).astype(np.float32)
+    j = _categorical(w, rng.random())
     return int(j if ids is None else ids[j])
 
 
 def _draw_untruncated(x: np.ndarray, temperature: float, rng: np.random.Generator,
                       depth: float = 10.0) -> int | None:
     """A draw over the whole vocabulary at this temperature that computes weights only for the
-    tokens within `depth` (at temperature 1) of the most likely one, exactly, by rejection:
-    propose each of those with its own weight and each other token with the bound e^-depth
-    (its weight is below it), and keep a proposed tail token with probability weight / bound.
-    Every token's chance is then proportional to its weight. On SmolLM2's logits at
-    temperature 1 the head held a median of ~480 (a story) and ~1,900 (a prompt of random
-    words) of its 49,152 tokens, and the tail's bound adds at most 2.2 times the head's mass
-    (a few cheap rejected rounds), so a draw takes a comparison pass and small arrays instead
-    of an exp over the vocabulary: 116-139 us against 240-262 us on those logits.
-    None when the head is over a quarter of the vocabulary (or empty: NaN logits); the caller
-    then draws the plain way."""
+    tokens within depth * temperature of the top logit (weights above e^-depth), exactly, by
+    rejection: propose each of those with its own weight and each other token with a bound its
+    weight stays under (e^-depth, from the cut as the logits' float type holds it), and keep a
+    proposed tail token with probability weight / bound. Every token's chance is then
+    proportional to its weight. On SmolLM2's logits at temperature 1 the head held a median of
+    ~480 (a story) and ~1,900 (a prompt of random words) of its 49,152 tokens, and the tail's
+    bound adds at most 2.2 times the head's mass there (more for larger vocabularies: a few
+    more cheap rejected rounds), so a draw takes a comparison pass and small arrays instead of
+    an exp over the vocabulary: 116-139 us against 240-262 us on those logits.
+    None when the head is over a quarter of the vocabulary, or empty (NaN or infinite logits),
+    or the temperature is tiny: the caller then draws the plain way."""
     n = x.size
     top = float(x.max())
-    cut = top - depth * temperature
+    if temperature < _TINY_TEMPERATURE or not math.isfinite(top):
+        return None
+    cut = x.dtype.type(top - depth * temperature)   # compared in the logits' own type
     above = x > cut
     k = int(np.count_nonzero(above))
     if k == 0 or k * 4 > n:
         return None
     head = np.flatnonzero(above)
-    cum = np.cumsum(np.exp((x[head] - top) / temperature), dtype=np.float64)
-    bound = math.exp(-depth)
+    cum = np.cumsum(np.exp((x[head].astype(np.float64) - top) / temperature))
+    bound = math.exp((float(cut) - top) / temperature)   # every tail token's weight is at most this
     tail_mass = (n - k) * bound
     while True:
         u = rng.random() * (cum[-1] + tail_mass)

@@ -81,7 +81,7 @@ def softmax_at(logits: np.ndarray, temperature: float) -> np.ndarray:
     return w / w.sum()
 
 
-@pytest.mark.parametrize("temperature", [1.0, 0.6, 1.3])
+@pytest.mark.parametrize("temperature", [1.0, 0.6, 1.3, 2.0])
 def test_the_untruncated_draw_follows_the_softmax_through_its_tail_too(temperature):
     """With a shallow head (depth 2) most of the mass is in the tail, so the rejection step
     decides most draws: the counts must still follow the softmax at this temperature."""
@@ -127,3 +127,35 @@ def test_the_untruncated_draw_leaves_flat_or_nan_logits_to_the_full_pass():
     assert _draw_untruncated(np.full(1000, np.nan, np.float32), 1.0, rng) is None
     flat = np.zeros(1000, np.float32)
     assert 0 <= draw(flat, SamplingParams(temperature=1.0), rng) < 1000
+
+
+def test_extreme_temperatures_and_logits_end_with_a_drawable_token():
+    """A temperature so small that float32 rounds it to 0 (the top logit 0.0: its weight would
+    be 0 / 0), one finite logit among -inf, a vocabulary of one: every draw ends and returns a
+    token that may be drawn."""
+    rng = np.random.default_rng(0)
+    x = np.full(100, -5.0, np.float32)
+    x[3] = 0.0
+    for t in (1e-46, 5e-46, 1e-40, 1e-6):
+        assert draw(x, SamplingParams(temperature=t), rng) == 3
+    one = np.full(1000, -np.inf, np.float32)
+    one[77] = 1.5
+    for t in (0.01, 1.0, 2.0):
+        assert {draw(one, SamplingParams(temperature=t), rng) for _ in range(50)} == {77}
+    assert draw(np.array([0.3], np.float32), SamplingParams(temperature=1.0), rng) == 0
+
+
+def test_a_token_at_the_rounded_cut_keeps_its_weight():
+    """The head/tail cut is compared in float32; a token sitting exactly on it, when float32
+    rounds the cut up, is tail with a weight above e^-depth: the bound comes from the rounded
+    cut, so it is still drawn as often as the softmax says."""
+    top, v = np.float32(1000.0), np.float32(999.999)
+    t = (1000.0 - (float(v) - 0.49 * float(np.spacing(v)))) / 10   # float32(cut) == v
+    x = np.full(40_000, v, np.float32)
+    x[0] = top
+    want = softmax_at(x, t)[0]
+    rng = np.random.default_rng(4)
+    n = 20_000
+    hits = sum(_draw_untruncated(x, t, rng) == 0 for _ in range(n))
+    assert abs(hits - n * want) <= 5 * np.sqrt(n * want * (1 - want)) + 1
+
