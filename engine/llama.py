@@ -284,6 +284,10 @@ class Context:
         params.flash_attn_type = 1 if config.flash_attn else 0
         params.type_k = params.type_v = KV_TYPES[config.kv_type]
         params.no_perf = True
+        # A model kept on the CPU stays there: without this a GPU build still copies the weights
+        # of large batches' matrix products to the GPU (llama.cpp's op offload), whose kernels
+        # make a sequence's logits depend on the batch (README, GPU)
+        params.op_offload = model.on_gpu
         self.ptr = C.llama_init_from_model(model.ptr, params)
         if not self.ptr:
             raise RuntimeError(f"llama.cpp could not create a context ({config})")

@@ -3,20 +3,27 @@
 The exactness tests check a CPU fact: ggml's CPU kernels (on the paths the engine picks) give a
 sequence the same logits whatever else is in the batch, so prefix caching, batching and n > 1
 never change a greedy answer. A CUDA build does not: on an H200 one sequence's logits moved by
-up to 1.23 beside 15 others with every layer on the GPU, and by 1.39 with none there
-(n_gpu_layers 0 in the same build), and greedy answers parted (scripts/gpu_check.sh; README
-"GPU"). Some other tests time a premise that holds where the model computes on the CPU (a long
-prefill takes long). Both kinds are skipped on a GPU build, with the reason.
+up to 1.23 beside 15 others with every layer on the GPU (scripts/gpu_check.sh; README "GPU").
+With PAGEDLLAMA_GPU_LAYERS=0 the models stay on the CPU, llama.cpp's op offload included
+(engine.llama.Context), and the exactness tests run there too (on an H100: 0 apart; with the
+op offload on, 1.39). Some other tests time a premise that holds where the model computes on
+the CPU (a long prefill takes long); they are skipped on any GPU build.
 """
+import os
+
 import pytest
 
 from engine.llama import gpu_offload_supported
 
 GPU_BUILD = gpu_offload_supported()
+# the tests' models on the GPU: a GPU build's default, unless PAGEDLLAMA_GPU_LAYERS=0
+ON_GPU = GPU_BUILD and os.environ.get("PAGEDLLAMA_GPU_LAYERS", "").strip() != "0"
+# n_gpu_layers for a Model a test loads itself (None: llama.cpp's default)
+TEST_GPU_LAYERS = None if ON_GPU or not GPU_BUILD else 0
 
 cpu_exact = pytest.mark.skipif(
-    GPU_BUILD, reason="exact answers are a property of ggml's CPU kernels; with a GPU build a "
-                      "sequence's logits depend on what decodes beside it (README, GPU)")
+    ON_GPU, reason="exact answers are a property of ggml's CPU kernels; on the GPU a sequence's "
+                   "logits depend on what decodes beside it (README, GPU)")
 cpu_timing = pytest.mark.skipif(
     GPU_BUILD, reason="the premise is CPU speed (a long prefill, compute-bound steps); on a GPU "
                       "those steps take milliseconds (README, GPU)")

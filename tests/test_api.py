@@ -1,6 +1,5 @@
 """The serving core through a real HTTP server, a real model and the official openai client."""
 import json
-import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -9,7 +8,7 @@ import openai
 import pytest
 
 from engine.worker import DEVICE_DEFAULTS
-from tests.devices import GPU_BUILD, cpu_exact
+from tests.devices import ON_GPU, cpu_exact
 
 QUESTIONS = ["What is the capital of France?", "Write a haiku about the sea.",
              "Name three colours.", "Explain what a CPU does.", "Say hello in Spanish.",
@@ -65,9 +64,8 @@ def test_health_says_the_model_is_loaded(server_url, model_name):
     model = body["models"][model_name]   # the kernel and cache the defaults give (README)
     assert (model["flash_attn"], model["kv_type"], model["kv_unified"]) == (True, "f16", False)
     # every layer on the GPU by default with a GPU build, none with PAGEDLLAMA_GPU_LAYERS=0
-    on_gpu = GPU_BUILD and os.environ.get("PAGEDLLAMA_GPU_LAYERS", "").strip() != "0"
-    assert model["on_gpu"] is on_gpu
-    device = DEVICE_DEFAULTS["gpu" if on_gpu else "cpu"]   # chunks and steps by device
+    assert model["on_gpu"] is ON_GPU
+    device = DEVICE_DEFAULTS["gpu" if ON_GPU else "cpu"]   # chunks and steps by device
     assert (model["prefill_chunk"], model["max_batch_tokens"]) == (
         device["prefill_chunk"], device["max_batch_tokens"])
 

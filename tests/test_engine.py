@@ -6,7 +6,7 @@ import random
 import pytest
 
 from engine import EngineConfig, Model, Request, SamplingParams, Worker
-from tests.devices import cpu_exact
+from tests.devices import TEST_GPU_LAYERS, cpu_exact
 from tests.server_proc import GEMMA3, SMOLLM2
 
 SYSTEM = ("You are a meticulous assistant. Answer briefly, cite facts, avoid speculation, and "
@@ -15,7 +15,7 @@ SYSTEM = ("You are a meticulous assistant. Answer briefly, cite facts, avoid spe
 
 @pytest.fixture(scope="module")
 def model():
-    m = Model(SMOLLM2)
+    m = Model(SMOLLM2, n_gpu_layers=TEST_GPU_LAYERS)
     yield m
     m.close()
 
@@ -378,7 +378,7 @@ def test_logits_do_not_depend_on_how_many_sequences_decode_beside(path, flash_at
     from engine.llama import Context, ContextConfig
     if not path.exists():
         pytest.fail(f"{path} is missing: run `make models`")
-    m = Model(path)
+    m = Model(path, n_gpu_layers=TEST_GPU_LAYERS)
     assert m.has_k_quants == (path == GEMMA3)
     ctx = Context(m, ContextConfig(n_ctx=256 * 16, n_seq_max=16, n_batch=256, n_threads=2,
                                    kv_unified=False, flash_attn=flash_attn))
