@@ -91,7 +91,8 @@ def test_the_untruncated_draw_follows_the_softmax_through_its_tail_too(temperatu
     rng.shuffle(logits)
     want = softmax_at(logits, temperature)
     n = 20_000
-    drawn = [_draw_untruncated(logits, temperature, rng, depth=2.0) for _ in range(n)]
+    top = float(logits.max())
+    drawn = [_draw_untruncated(logits, top, temperature, rng, depth=2.0) for _ in range(n)]
     assert None not in drawn
     counts = np.bincount(drawn, minlength=logits.size)
     assert counts[~np.isfinite(logits)].sum() == 0
@@ -107,7 +108,7 @@ def test_draw_without_cut_offs_takes_the_head_path_on_a_vocabulary_of_peaked_log
     rng = np.random.default_rng(11)
     logits = rng.normal(-4, 2, 49_152).astype(np.float32)
     logits[[10, 20, 30]] = [12.0, 11.0, 10.0]
-    assert _draw_untruncated(logits, 1.0, rng) is not None
+    assert _draw_untruncated(logits, float(logits.max()), 1.0, rng) is not None
     p = SamplingParams(temperature=1.0)
     assert [draw(logits, p, np.random.default_rng(5)) for _ in range(3)] == \
         [draw(logits, p, np.random.default_rng(5))] * 3
@@ -123,9 +124,9 @@ def test_draw_without_cut_offs_takes_the_head_path_on_a_vocabulary_of_peaked_log
 
 def test_the_untruncated_draw_leaves_flat_or_nan_logits_to_the_full_pass():
     rng = np.random.default_rng(0)
-    assert _draw_untruncated(np.zeros(1000, np.float32), 1.0, rng) is None     # all in the head
-    assert _draw_untruncated(np.full(1000, np.nan, np.float32), 1.0, rng) is None
-    flat = np.zeros(1000, np.float32)
+    flat, nan = np.zeros(1000, np.float32), np.full(1000, np.nan, np.float32)
+    assert _draw_untruncated(flat, float(flat.max()), 1.0, rng) is None     # all in the head
+    assert _draw_untruncated(nan, float(nan.max()), 1.0, rng) is None
     assert 0 <= draw(flat, SamplingParams(temperature=1.0), rng) < 1000
 
 
@@ -156,6 +157,6 @@ def test_a_token_at_the_rounded_cut_keeps_its_weight():
     want = softmax_at(x, t)[0]
     rng = np.random.default_rng(4)
     n = 20_000
-    hits = sum(_draw_untruncated(x, t, rng) == 0 for _ in range(n))
+    hits = sum(_draw_untruncated(x, float(x.max()), t, rng) == 0 for _ in range(n))
     assert abs(hits - n * want) <= 5 * np.sqrt(n * want * (1 - want)) + 1
 
