@@ -87,6 +87,13 @@ def model_name(path: Path) -> str:
     return path.name.removesuffix(".gguf")
 
 
+def gpu_layers_from_env() -> int | None:
+    """PAGEDLLAMA_GPU_LAYERS: layers to offload with a GPU build; None (unset): llama.cpp's
+    default, all."""
+    gpu = _env("GPU_LAYERS", "")
+    return int(gpu) if gpu else None
+
+
 def load_settings() -> Settings:
     base = engine_from_env()
     models_file = _env("MODELS_FILE", "")
@@ -94,9 +101,8 @@ def load_settings() -> Settings:
         models = _models_from_file(Path(models_file), base)
     else:
         path = Path(_env("MODEL", str(DEFAULT_MODEL)))
-        gpu = _env("GPU_LAYERS", "")
         models = [ModelSpec(_env("MODEL_NAME", model_name(path)), path, base,
-                            int(_env("CONTEXTS", "1")), gpu_layers=int(gpu) if gpu else None)]
+                            int(_env("CONTEXTS", "1")), gpu_layers=gpu_layers_from_env())]
     _partition_threads(models)
     return Settings(models, _env("LOG_LEVEL", "info"), os.environ.get("PAGEDLLAMA_API_KEY"),
                     edge_from_env(models), int(_env("MAX_N", "8")),

@@ -9,17 +9,16 @@ With PAGEDLLAMA_GPU_LAYERS=0 the models stay on the CPU, llama.cpp's op offload 
 op offload on, 1.39). Some other tests time a premise that holds where the model computes on
 the CPU (a long prefill takes long); they are skipped on any GPU build.
 """
-import os
-
 import pytest
 
 from engine.llama import gpu_offload_supported
+from server.config import gpu_layers_from_env
 
 GPU_BUILD = gpu_offload_supported()
+# n_gpu_layers for a Model a test loads itself: what the test servers get (PAGEDLLAMA_GPU_LAYERS)
+TEST_GPU_LAYERS = gpu_layers_from_env()
 # the tests' models on the GPU: a GPU build's default, unless PAGEDLLAMA_GPU_LAYERS=0
-ON_GPU = GPU_BUILD and os.environ.get("PAGEDLLAMA_GPU_LAYERS", "").strip() != "0"
-# n_gpu_layers for a Model a test loads itself (None: llama.cpp's default)
-TEST_GPU_LAYERS = None if ON_GPU or not GPU_BUILD else 0
+ON_GPU = GPU_BUILD and TEST_GPU_LAYERS != 0
 
 cpu_exact = pytest.mark.skipif(
     ON_GPU, reason="exact answers are a property of ggml's CPU kernels; on the GPU a sequence's "
