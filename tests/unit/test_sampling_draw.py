@@ -160,3 +160,51 @@ def test_a_token_at_the_rounded_cut_keeps_its_weight():
     hits = sum(_draw_untruncated(x, float(x.max()), t, rng) == 0 for _ in range(n))
     assert abs(hits - n * want) <= 5 * np.sqrt(n * want * (1 - want)) + 1
 
+
+
+def kept_by_sorting(logits: np.ndarray, p: SamplingParams) -> np.ndarray:
+    """The kept tokens' logits, sorted: the whole vocabulary sorted (float32 weights as the
+    sampler computes them, sums in float64), then top-k, top-p, min-p in that order."""
+    top = logits.max()
+    order = np.argsort(-logits, kind="stable")
+    if p.top_k > 0:
+        order = order[:p.top_k]
+    w = np.exp(-(top - logits[order]))
+    if p.top_p < 1.0:
+        cum = np.cumsum(w, dtype=np.float64)
+        n = int(np.searchsorted(cum, p.top_p * float(w.sum(dtype=np.float64)))) + 1
+        order, w = order[:n], w[:n]
+    if p.min_p > 0.0:
+        order = order[w >= p.min_p]
+    return np.sort(logits[order])
+
+
+VOCABULARIES = {   # 49,152 logits each: the size of SmolLM2's, where the cut-offs narrow first
+    "peaked": lambda r: np.concatenate([r.normal(0, 1, 49_142) - 12, r.normal(0, 2, 10)]),
+    "spread": lambda r: r.normal(0, 3, 49_152),
+    "flat": lambda r: r.normal(0, 0.5, 49_152),
+    "masked": lambda r: np.where(r.random(49_152) < 0.9, -np.inf, r.normal(0, 2, 49_152)),
+    "ties": lambda r: np.round(r.normal(0, 2, 49_152), 1),
+}
+
+
+@pytest.mark.parametrize("vocabulary", list(VOCABULARIES))
+def test_the_cut_offs_keep_what_sorting_the_whole_vocabulary_keeps(vocabulary):
+    """top-k, top-p and min-p look only at the tokens near the top when they can; what they
+    keep must be what sorting everything keeps, also where the narrowing gives up (flat
+    logits, a top-k larger than the tokens near the top, a top-p that needs the tail)."""
+    from engine.sampling import _kept
+    rng = np.random.default_rng(11)
+    cases = [SamplingParams(top_k=k) for k in (1, 5, 40, 1000, 30_000)]
+    cases += [SamplingParams(top_p=q) for q in (0.05, 0.5, 0.9, 0.95, 0.9999)]
+    cases += [SamplingParams(min_p=m) for m in (1e-6, 0.01, 0.05, 0.5, 1.0)]
+    cases += [SamplingParams(top_k=40, top_p=0.95, min_p=0.05),
+              SamplingParams(top_p=0.95, min_p=0.05), SamplingParams(top_k=200, top_p=0.8),
+              SamplingParams(top_k=2000, min_p=0.02)]
+    for _ in range(3):
+        logits = VOCABULARIES[vocabulary](rng).astype(np.float32)
+        for p in cases:
+            ids, depth = _kept(logits, float(logits.max()), p)
+            np.testing.assert_array_equal(np.sort(logits[ids]), kept_by_sorting(logits, p),
+                                          err_msg=str(p))
+            np.testing.assert_array_equal(depth, logits.max() - logits[ids])
