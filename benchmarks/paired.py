@@ -53,8 +53,33 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--input-len", type=int, default=64)
     p.add_argument("--output-len", type=int, default=64)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--temperature", type=float, default=0.0,
+                   help="every request's temperature (0: greedy, the default)")
+    p.add_argument("--sampling", action="append", default=[], metavar="FIELD=VALUE",
+                   help="a sampling field both servers get in every request, e.g. top_p=0.95, "
+                        "top_k=40, min_p=0.05 (repeat for more)")
     p.add_argument("--result-file", default=None)
     return p.parse_args(argv)
+
+
+SAMPLING_FIELDS = {"top_p": float, "top_k": int, "min_p": float, "seed": int,
+                   "presence_penalty": float, "frequency_penalty": float,
+                   "repetition_penalty": float}
+
+
+def parse_sampling(items: list[str]) -> dict:
+    """--sampling FIELD=VALUE items as request fields, typed; an unknown field is an error."""
+    fields = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or name not in SAMPLING_FIELDS:
+            raise SystemExit(f"--sampling: FIELD=VALUE with FIELD one of "
+                             f"{', '.join(SAMPLING_FIELDS)}, not {item!r}")
+        try:
+            fields[name] = SAMPLING_FIELDS[name](value)
+        except ValueError:
+            raise SystemExit(f"--sampling {item!r}: not a {SAMPLING_FIELDS[name].__name__}")
+    return fields
 
 
 def parse_env(items: list[str]) -> dict[str, str]:
@@ -106,6 +131,8 @@ async def run(bases: dict[str, str], models: dict[str, str], args) -> dict:
             report, _ = await run_workload(bases[who], ENDPOINT, models[who], convs,
                                            max_concurrency=args.concurrency,
                                            output_len=args.output_len, ignore_eos=True,
+                                           temperature=args.temperature,
+                                           extra_body=parse_sampling(args.sampling),
                                            progress=False)
             slices[who].append(report)
             print(f"pair {i + 1} {who}: {report['output_throughput']:.1f} tok/s"
@@ -134,7 +161,9 @@ def summarize(slices: dict[str, list[dict]]) -> dict:
 def table(result: dict, names: dict[str, str], args) -> str:
     w = max(34, *(len(n) + 1 for n in names.values()))   # whole names: settings included
     lines = [f"paired slices · {args.pairs} pairs of {args.slice} requests · {args.concurrency} "
-             f"concurrent · in ~{args.input_len} / out {args.output_len} tokens (chat)",
+             f"concurrent · in ~{args.input_len} / out {args.output_len} tokens (chat) · "
+             + ("greedy" if args.temperature == 0 and not args.sampling
+                else " ".join([f"temperature={args.temperature:g}", *args.sampling])),
              f"{'':4}{'server':{w}}{'tok/s':>8}{'TTFT p50':>10}{'TPOT p50':>10}{'ITL p99':>9}"]
     for who in ("A", "B"):
         r = result[who]
@@ -151,6 +180,7 @@ def table(result: dict, names: dict[str, str], args) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    parse_sampling(args.sampling)   # a bad field fails before any server starts
     names = {"A": label(args.a, args.a_env), "B": label(args.b, args.b_env)}
     with ExitStack() as stack:
         bases = {"A": start(stack, args.a, args.a_env, args),

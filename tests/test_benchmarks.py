@@ -265,7 +265,9 @@ def test_paired_alternates_slices_and_reports_ratios(server_url, tmp_path):
     out = tmp_path / "paired.json"
     proc = bench("paired", "--a", server_url, "--b", server_url, "--pairs", "3", "--slice", "2",
                  "--concurrency", "2", "--input-len", "16", "--output-len", "4",
+                 "--temperature", "1.0", "--sampling", "top_p=0.9", "--sampling", "top_k=20",
                  "--result-file", str(out))
+    assert "temperature=1 top_p=0.9 top_k=20" in proc.stdout
     result = json.loads(out.read_text())
     for who in ("A", "B"):
         assert result[who]["output_tokens"] == [8, 8, 8] and result[who]["failed"] == 0
@@ -275,7 +277,12 @@ def test_paired_alternates_slices_and_reports_ratios(server_url, tmp_path):
 
 
 def test_paired_order_and_settings():
-    from benchmarks.paired import parse_env, slice_order
+    from benchmarks.paired import parse_env, parse_sampling, slice_order
+    assert parse_sampling(["top_p=0.95", "top_k=40", "min_p=0.05"]) == {
+        "top_p": 0.95, "top_k": 40, "min_p": 0.05}
+    for bad in ("top_p", "top_q=0.9", "top_k=0.5"):
+        with pytest.raises(SystemExit):
+            parse_sampling([bad])
     assert slice_order(4) == [("A", "B"), ("B", "A"), ("A", "B"), ("B", "A")]
     assert parse_env(["PAGEDLLAMA_FLASH_ATTN=1", "PAGEDLLAMA_MAX_SEQS=10"]) == {
         "PAGEDLLAMA_FLASH_ATTN": "1", "PAGEDLLAMA_MAX_SEQS": "10"}
@@ -290,7 +297,8 @@ def test_paired_table_shows_whole_server_names():
     row = {"median_tok_s": 1.0, "median_ttft_ms": 2.0, "median_tpot_ms": 3.0, "p99_itl_ms": 4.0,
            "failed": 0}
     names = {"A": "ours PAGEDLLAMA_FLASH_ATTN=1 PAGEDLLAMA_PREFILL_CHUNK=64", "B": "llama-server"}
-    args = SimpleNamespace(pairs=1, slice=2, concurrency=2, input_len=8, output_len=4)
+    args = SimpleNamespace(pairs=1, slice=2, concurrency=2, input_len=8, output_len=4,
+                           temperature=0.0, sampling=[])
     text = table({"A": row, "B": row, "ratios": [1.0], "median_ratio": 1.0}, names, args)
     assert names["A"] + " " in text
     header, a, b = text.splitlines()[1:4]
