@@ -14,11 +14,14 @@ temperature 1, then temperature over what is left.
 A draw right after `llama_decode` costs ~3 times what the same draw costs in a loop over saved
 logits: the decode has streamed ~90 MB of weights through the caches, so every pass over the
 vocabulary, and numpy's own code, starts cold. What counts is how many passes over the whole
-vocabulary a draw makes. Each cut-off therefore passes over it once or twice and then works on
-the tokens near the top (`_kept`). Served, 1 stream, `/health` `sample_s` a step (the draw plus
-the step's other per-token work, 0.27-0.29 ms greedy): top-k 40 0.66 against 0.79 ms before,
-top-p 0.95 0.98 against 1.23, llama-server's defaults (top-k 40, top-p 0.95, min-p 0.05) 0.83
-against 0.89; no cut-off 0.59 either way."""
+vocabulary a draw makes, and how many numpy calls: each cut-off passes over the vocabulary once
+or twice and then works on the tokens near the top (`_kept`), and where a few dozen tokens are
+left (top-k 40, a narrow nucleus) the rest is plain Python (`_cut_small`, `_pick`). Served, 1
+stream, `/health` `sample_s` a step (the draw plus the step's other per-token work, 0.26-0.29
+ms greedy), before these changes and after: top-k 40 0.79 and 0.47-0.51 ms, top-p 0.95 1.23
+and 0.94-1.18, llama-server's defaults (top-k 40, top-p 0.95, min-p 0.05) 0.89 and 0.60-0.69,
+no cut-off 0.59 and 0.52-0.53; at 16 streams with llama-server's defaults 5.4-5.9 and 3.0-3.1
+ms a step."""
 from __future__ import annotations
 
 import ctypes
@@ -75,7 +78,13 @@ def draw(logits: np.ndarray, p: SamplingParams, rng: np.random.Generator) -> int
             return token
         ids, depth = None, top - logits
     else:
-        ids, depth = _kept(logits, top, p)
+        ids = _top_k(logits, top, p.top_k) if 0 < p.top_k < logits.size else None
+        if ids is not None and ids.size <= _SMALL:   # top-k 40 and the like: plain Python
+            kept, xs = _cut_small(ids, logits[ids], top, p)
+            return _pick(kept, [top - v for v in xs], p.temperature, rng.random())
+        ids, depth = _kept(logits, top, p, ids)
+        if ids.size <= _SMALL:
+            return _pick(ids.tolist(), depth.tolist(), p.temperature, rng.random())
     if p.temperature >= _TINY_TEMPERATURE:
         w = np.exp(depth / -p.temperature)
     else:   # float32 would make the top's 0 / -T a NaN: the limit, the top tokens alike
@@ -84,14 +93,64 @@ def draw(logits: np.ndarray, p: SamplingParams, rng: np.random.Generator) -> int
     return int(j if ids is None else ids[j])
 
 
-def _kept(x: np.ndarray, top: float, p: SamplingParams) -> tuple[np.ndarray, np.ndarray]:
+# At most this many tokens left after a cut-off are handled as Python lists: after a decode
+# every numpy call starts cold (module doc), and on a few dozen numbers the calls cost more
+# than the arithmetic.
+_SMALL = 64
+
+
+def _cut_small(ids: np.ndarray, x: np.ndarray, top: float, p: SamplingParams
+               ) -> tuple[list[int], list[float]]:
+    """top-p and min-p over a few tokens (ids, their logits x, top the largest logit), as
+    `_kept` computes them (float32 weights, their total in float64, the kept tokens in order
+    of weight); returns the kept ids and logits."""
+    idl, xs = ids.tolist(), x.tolist()
+    if p.top_p >= 1.0 and p.min_p <= 0.0:
+        return idl, xs
+    w32 = np.exp(x - top)
+    w = w32.tolist()
+    sel: list[int] | range = range(len(w))
+    if p.top_p < 1.0:
+        need = p.top_p * float(w32.sum(dtype=np.float64))
+        order = sorted(sel, key=w.__getitem__, reverse=True)   # stable, as argsort's
+        acc, n = 0.0, len(order)
+        for i, j in enumerate(order):
+            acc += w[j]
+            if acc >= need:
+                n = i + 1
+                break
+        sel = order[:n]
+    if p.min_p > 0.0:
+        floor = float(np.float32(p.min_p))   # numpy compares the float32 weights so
+        sel = [j for j in sel if w[j] >= floor]
+    return [idl[j] for j in sel], [xs[j] for j in sel]
+
+
+def _pick(ids: list[int], depths: list[float], temperature: float, u: float) -> int:
+    """The token where u (uniform in [0, 1)) falls on the cumulative weights e^(-depth / T) of
+    these tokens (at a tiny temperature the top ones alike), as `_categorical` does."""
+    if temperature >= _TINY_TEMPERATURE:
+        w = [math.exp(-d / temperature) for d in depths]
+    else:
+        w = [1.0 if d == 0 else 0.0 for d in depths]
+    target, acc = u * math.fsum(w), 0.0
+    for token, wi in zip(ids, w):
+        acc += wi
+        if acc > target:
+            return token
+    return next(t for t, wi in zip(reversed(ids), reversed(w)) if wi > 0)   # rounding at the top
+
+
+def _kept(x: np.ndarray, top: float, p: SamplingParams, ids: np.ndarray | None = None
+          ) -> tuple[np.ndarray, np.ndarray]:
     """The tokens top-k, top-p and min-p keep (ids into x) and their depths (top - logit, the
     -log of each weight at temperature 1). Each cut-off passes over the whole vocabulary only
     a few times, in numpy, and then works on the tokens near the top that can be kept at all;
-    the kept set is the one sorting the whole vocabulary would keep (unit tests)."""
-    ids = None
-    if 0 < p.top_k < x.size:
+    the kept set is the one sorting the whole vocabulary would keep (unit tests). `ids`: the
+    top-k, when the caller has them already."""
+    if ids is None and 0 < p.top_k < x.size:
         ids = _top_k(x, top, p.top_k)
+    if ids is not None:
         x = x[ids]
     keep = None                          # None: all of x
     if p.top_p < 1.0:

@@ -193,7 +193,7 @@ def test_the_cut_offs_keep_what_sorting_the_whole_vocabulary_keeps(vocabulary):
     """top-k, top-p and min-p look only at the tokens near the top when they can; what they
     keep must be what sorting everything keeps, also where the narrowing gives up (flat
     logits, a top-k larger than the tokens near the top, a top-p that needs the tail)."""
-    from engine.sampling import _kept
+    from engine.sampling import _cut_small, _kept, _top_k
     rng = np.random.default_rng(11)
     cases = [SamplingParams(top_k=k) for k in (1, 5, 40, 1000, 30_000)]
     cases += [SamplingParams(top_p=q) for q in (0.05, 0.5, 0.9, 0.95, 0.9999)]
@@ -204,7 +204,33 @@ def test_the_cut_offs_keep_what_sorting_the_whole_vocabulary_keeps(vocabulary):
     for _ in range(3):
         logits = VOCABULARIES[vocabulary](rng).astype(np.float32)
         for p in cases:
-            ids, depth = _kept(logits, float(logits.max()), p)
-            np.testing.assert_array_equal(np.sort(logits[ids]), kept_by_sorting(logits, p),
-                                          err_msg=str(p))
+            top = float(logits.max())
+            want = kept_by_sorting(logits, p)
+            ids, depth = _kept(logits, top, p)
+            np.testing.assert_array_equal(np.sort(logits[ids]), want, err_msg=str(p))
             np.testing.assert_array_equal(depth, logits.max() - logits[ids])
+            if 0 < p.top_k <= 64:   # what draw does with a small top-k: lists, not arrays
+                k = _top_k(logits, top, p.top_k)
+                small, xs = _cut_small(k, logits[k], top, p)
+                np.testing.assert_array_equal(np.sort(logits[small]), want, err_msg=str(p))
+                assert xs == logits[small].tolist()
+
+
+@pytest.mark.parametrize("params", [
+    SamplingParams(temperature=0.7, top_k=50),
+    SamplingParams(temperature=1.3, top_k=40, top_p=0.9, min_p=0.02),
+    SamplingParams(temperature=1.0, top_p=0.5),
+])
+def test_small_candidate_sets_are_drawn_with_their_probabilities(params):
+    """Where a cut-off leaves a few dozen tokens draw finishes in plain Python: the counts must
+    still follow the distribution the parameters define, on a 49,152-token vocabulary."""
+    rng = np.random.default_rng(5)
+    logits = np.concatenate([rng.normal(0, 1, 49_100) - 8, rng.normal(0, 1.5, 52)])
+    logits = logits.astype(np.float32)
+    want = expected(logits, params)
+    assert 1 < np.count_nonzero(want) <= 64
+    n = 30_000
+    counts = np.bincount([draw(logits, params, rng) for _ in range(n)], minlength=logits.size)
+    assert counts[want == 0].sum() == 0
+    sd = np.sqrt(n * want * (1 - want))
+    assert np.all(np.abs(counts - n * want) <= 5 * sd + 1)
