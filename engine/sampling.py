@@ -77,6 +77,8 @@ def draw(logits: np.ndarray, p: SamplingParams, rng: np.random.Generator) -> int
         if token is not None:
             return token
         ids, depth = None, top - logits
+    elif not math.isfinite(top):   # NaN (a broken model), all -inf, or an infinite top:
+        return int(np.argmax(logits))   # nothing to weigh; argmax's choice
     else:
         ids = _top_k(logits, top, p.top_k) if 0 < p.top_k < logits.size else None
         if ids is not None and ids.size <= _SMALL:   # top-k 40 and the like: plain Python

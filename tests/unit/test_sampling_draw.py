@@ -234,3 +234,18 @@ def test_small_candidate_sets_are_drawn_with_their_probabilities(params):
     assert counts[want == 0].sum() == 0
     sd = np.sqrt(n * want * (1 - want))
     assert np.all(np.abs(counts - n * want) <= 5 * sd + 1)
+
+
+def test_nan_logits_with_cut_offs_still_give_a_token_id():
+    """A model that returns NaN logits gives nonsense, but sampling with cut-offs must not
+    raise (it did with top-p before Session 26): the worker would fail every request beside
+    it."""
+    rng = np.random.default_rng(0)
+    for fill in (np.nan, -np.inf):
+        logits = np.full(1000, fill, dtype=np.float32)
+        for p in (SamplingParams(top_k=40), SamplingParams(top_k=40, top_p=0.9, min_p=0.1),
+                  SamplingParams(top_p=0.9), SamplingParams(min_p=0.05)):
+            assert 0 <= draw(logits, p, rng) < logits.size
+    logits = np.zeros(1000, dtype=np.float32)
+    logits[7] = np.inf
+    assert draw(logits, SamplingParams(top_p=0.9), rng) == 7
