@@ -143,15 +143,13 @@ def _pick(ids: list[int], depths: list[float], temperature: float, u: float) -> 
     return next(t for t, wi in zip(reversed(ids), reversed(w)) if wi > 0)   # rounding at the top
 
 
-def _kept(x: np.ndarray, top: float, p: SamplingParams, ids: np.ndarray | None = None
+def _kept(x: np.ndarray, top: float, p: SamplingParams, ids: np.ndarray | None
           ) -> tuple[np.ndarray, np.ndarray]:
-    """The tokens top-k, top-p and min-p keep (ids into x) and their depths (top - logit, the
-    -log of each weight at temperature 1). Each cut-off passes over the whole vocabulary only
-    a few times, in numpy, and then works on the tokens near the top that can be kept at all;
-    the kept set is the one sorting the whole vocabulary would keep (unit tests). `ids`: the
-    top-k, when the caller has them already."""
-    if ids is None and 0 < p.top_k < x.size:
-        ids = _top_k(x, top, p.top_k)
+    """The tokens top-p and min-p keep among the top-k `ids` (None: no top-k, all of x), as
+    ids into x, and their depths (top - logit, the -log of each weight at temperature 1).
+    Each cut-off passes over the whole vocabulary only a few times, in numpy, and then works
+    on the tokens near the top that can be kept at all; the kept set is the one sorting the
+    whole vocabulary would keep (unit tests)."""
     if ids is not None:
         x = x[ids]
     keep = None                          # None: all of x

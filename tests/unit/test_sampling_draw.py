@@ -161,7 +161,6 @@ def test_a_token_at_the_rounded_cut_keeps_its_weight():
     assert abs(hits - n * want) <= 5 * np.sqrt(n * want * (1 - want)) + 1
 
 
-
 def kept_by_sorting(logits: np.ndarray, p: SamplingParams) -> np.ndarray:
     """The kept tokens' logits, sorted: the whole vocabulary sorted (float32 weights as the
     sampler computes them, sums in float64), then top-k, top-p, min-p in that order."""
@@ -206,11 +205,11 @@ def test_the_cut_offs_keep_what_sorting_the_whole_vocabulary_keeps(vocabulary):
         for p in cases:
             top = float(logits.max())
             want = kept_by_sorting(logits, p)
-            ids, depth = _kept(logits, top, p)
+            k = _top_k(logits, top, p.top_k) if p.top_k > 0 else None
+            ids, depth = _kept(logits, top, p, k)
             np.testing.assert_array_equal(np.sort(logits[ids]), want, err_msg=str(p))
             np.testing.assert_array_equal(depth, logits.max() - logits[ids])
             if 0 < p.top_k <= 64:   # what draw does with a small top-k: lists, not arrays
-                k = _top_k(logits, top, p.top_k)
                 small, xs = _cut_small(k, logits[k], top, p)
                 np.testing.assert_array_equal(np.sort(logits[small]), want, err_msg=str(p))
                 assert xs == logits[small].tolist()
