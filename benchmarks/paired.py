@@ -70,15 +70,15 @@ SAMPLING_FIELDS = {"top_p": float, "top_k": int, "min_p": float, "seed": int,
 def parse_sampling(items: list[str]) -> dict:
     """--sampling FIELD=VALUE items as request fields, typed; an unknown field is an error."""
     fields = {}
-    for item in items:
-        name, sep, value = item.partition("=")
-        if not sep or name not in SAMPLING_FIELDS:
-            raise SystemExit(f"--sampling: FIELD=VALUE with FIELD one of "
-                             f"{', '.join(SAMPLING_FIELDS)}, not {item!r}")
+    for name, value in env_items(items).items():
+        if name not in SAMPLING_FIELDS:
+            raise SystemExit(f"--sampling: FIELD one of {', '.join(SAMPLING_FIELDS)}, "
+                             f"not {name!r}")
         try:
             fields[name] = SAMPLING_FIELDS[name](value)
         except ValueError:
-            raise SystemExit(f"--sampling {item!r}: not a {SAMPLING_FIELDS[name].__name__}")
+            raise SystemExit(f"--sampling {name}={value}: not a "
+                             f"{SAMPLING_FIELDS[name].__name__}")
     return fields
 
 
@@ -117,7 +117,7 @@ def label(what: str, env: list[str]) -> str:
     return " ".join([what, *env])
 
 
-async def run(bases: dict[str, str], models: dict[str, str], args) -> dict:
+async def run(bases: dict[str, str], models: dict[str, str], args, sampling: dict) -> dict:
     cal = ds.Calibration()
     slices: dict[str, list[dict]] = {"A": [], "B": []}
     for who in ("A", "B"):   # warm-up, not recorded
@@ -132,7 +132,7 @@ async def run(bases: dict[str, str], models: dict[str, str], args) -> dict:
                                            max_concurrency=args.concurrency,
                                            output_len=args.output_len, ignore_eos=True,
                                            temperature=args.temperature,
-                                           extra_body=parse_sampling(args.sampling),
+                                           extra_body=sampling,
                                            progress=False)
             slices[who].append(report)
             print(f"pair {i + 1} {who}: {report['output_throughput']:.1f} tok/s"
@@ -180,13 +180,13 @@ def table(result: dict, names: dict[str, str], args) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    parse_sampling(args.sampling)   # a bad field fails before any server starts
+    sampling = parse_sampling(args.sampling)   # a bad field fails before any server starts
     names = {"A": label(args.a, args.a_env), "B": label(args.b, args.b_env)}
     with ExitStack() as stack:
         bases = {"A": start(stack, args.a, args.a_env, args),
                  "B": start(stack, args.b, args.b_env, args)}
         models = {who: first_model(url) for who, url in bases.items()}
-        result = asyncio.run(run(bases, models, args))
+        result = asyncio.run(run(bases, models, args, sampling))
     print(table(result, names, args))
     if args.result_file:
         write_result(args.result_file, {"benchmark": "paired", "args": vars(args),
