@@ -303,3 +303,47 @@ def test_paired_table_shows_whole_server_names():
     assert names["A"] + " " in text
     header, a, b = text.splitlines()[1:4]
     assert len(a) == len(b) and header.index("tok/s") + len("tok/s") == a.index("1.0") + 3
+
+
+def _guidellm_level(streams: int, tok_s: float, tokens: int) -> dict:
+    """One level of a guidellm 0.8 JSON report, as much of it as benchmarks.guidellm_pairs reads."""
+    def dist(median, p99, mean=None):
+        return {"successful": {"median": median, "mean": mean if mean is not None else median,
+                               "percentiles": {"p50": median, "p99": p99}}}
+    return {"config": {"strategy": {"type_": "concurrent", "streams": streams}},
+            "metrics": {"output_tokens_per_second": dist(tok_s * 0.9, tok_s * 2, mean=tok_s),
+                        "output_token_count": {"successful": {"total_sum": float(tokens)}},
+                        "inter_token_latency_ms": dist(10.0 * streams, 20.0 * streams),
+                        "time_to_first_token_ms": dist(300.0, 900.0)}}
+
+
+def test_guidellm_pairs_command_order_and_summary():
+    from benchmarks.guidellm_pairs import (guidellm_command, parse_args, process_cpu, read_levels,
+                                           run_order, summarize, table)
+    assert process_cpu(os.getpid()) > 0   # this test process has run for a while
+    args = parse_args(["--streams", "1,16", "--prefix-tokens", "512", "--requests", "32",
+                       "--a-env", "PAGEDLLAMA_ADAPTIVE_THREADS=0"])
+    assert args.levels == [1, 16]
+    cmd = guidellm_command(args, "http://127.0.0.1:9", "m", Path("/tmp/out.json"))
+    assert cmd[cmd.index("--profile") + 1] == "kind=concurrent,streams[0]=1,streams[1]=16"
+    assert "prefix_tokens=512,prefix_count=1" in cmd[cmd.index("--data") + 1]
+    assert "kind=max_requests,count=32" in cmd and "target=http://127.0.0.1:9" in " ".join(cmd)
+    with pytest.raises(SystemExit):   # settings only for our own server
+        parse_args(["--b-env", "PAGEDLLAMA_ADAPTIVE_THREADS=0"])
+    assert run_order(3) == [(0, "A"), (0, "B"), (1, "B"), (1, "A"), (2, "A"), (2, "B")]
+
+    def run(tok_1, tok_16, cpu):
+        report = {"benchmarks": [_guidellm_level(1, tok_1, 3072), _guidellm_level(16, tok_16, 3072)]}
+        return {"levels": read_levels(report), "server_cpu_s": cpu, "client_cpu_s": 20.0,
+                "server_cpu_ms_per_token": 1000 * cpu / 6144}
+    levels = run(40.0, 100.0, 61.44)["levels"]
+    assert levels[1] == {"streams": 16, "tok_s": 100.0, "output_tokens": 3072.0, "itl_p50": 160.0,
+                         "itl_p99": 320.0, "ttft_p50": 300.0, "ttft_p99": 900.0}
+    runs = {"A": [run(40.0, 100.0, 61.44), run(45.0, 90.0, 61.44)],
+            "B": [run(50.0, 100.0, 55.0), run(45.0, 100.0, 55.0)]}
+    rows = summarize(runs)
+    assert [r["streams"] for r in rows] == [1, 16]
+    assert rows[0]["ratios"] == [0.8, 1.0] and rows[0]["ratio_median"] == pytest.approx(0.9)
+    assert rows[1]["ratios"] == [1.0, 0.9] and rows[1]["a_tok_s"] == 95.0
+    text = table(rows, runs, {"A": "ours", "B": "llama-server"})
+    assert "0.80 1.00" in text and "0.900x" in text and "10.0, 10.0" in text

@@ -1,0 +1,215 @@
+"""guidellm as the client, against two servers run one after the other in alternating order.
+
+The shared-CPU issue's idle targets are measured with guidellm too (the client vLLM's users
+benchmark with). guidellm runs one server at a time and costs ~0.45 of a core itself, and these
+2-core VMs drift by ±10-20 % within minutes, so a single run of each server says little. This
+runs A, B, then B, A, then A, B, ... (a fresh server each time, cold caches) and reports, per
+concurrency level, each round's ratio A/B (the two runs of a round are neighbours) and their
+median, with each server's CPU seconds per output token over its guidellm run and guidellm's own
+CPU.
+
+    python -m benchmarks.guidellm_pairs                          # ours vs llama-server, 1/4/16
+    python -m benchmarks.guidellm_pairs --streams 16 --prompt-tokens 16 --output-tokens 32 \\
+        --prefix-tokens 512 --requests 32                        # the shared-prefix workload
+    python -m benchmarks.guidellm_pairs --a ours --a-env PAGEDLLAMA_ADAPTIVE_THREADS=0 --b ours
+
+guidellm lives in its own virtual environment with a tokenizer written from the GGUF
+(benchmarks/README.md, "guidellm against both servers": `.gl/bin/guidellm`, `.gl/tokenizer`).
+A and B are `ours` (settings with --a-env / --b-env) or `llama-server`.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from benchmarks.client import first_model
+from benchmarks.launch import DEFAULT_MODEL, ROOT, find_peer_bin, launched, llama_server, our_server
+from benchmarks.metrics import write_result
+from benchmarks.paired import parse_env
+
+GUIDELLM = ROOT / ".gl" / "bin" / "guidellm"
+TOKENIZER = ROOT / ".gl" / "tokenizer"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--a", default="ours", choices=["ours", "llama-server"])
+    p.add_argument("--b", default="llama-server", choices=["ours", "llama-server"])
+    p.add_argument("--a-env", action="append", default=[], metavar="PAGEDLLAMA_NAME=VALUE")
+    p.add_argument("--b-env", action="append", default=[], metavar="PAGEDLLAMA_NAME=VALUE")
+    p.add_argument("--rounds", type=int, default=2, help="rounds of one run of each server")
+    p.add_argument("--streams", default="1,4,16", help="guidellm's concurrent levels, in order")
+    p.add_argument("--requests", type=int, default=48, help="requests per level")
+    p.add_argument("--prompt-tokens", type=int, default=64)
+    p.add_argument("--output-tokens", type=int, default=64)
+    p.add_argument("--prefix-tokens", type=int, default=0,
+                   help="one shared system prompt of this many tokens (0: none)")
+    p.add_argument("--model", default=str(DEFAULT_MODEL))
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--parallel", type=int, default=16, help="llama-server -np")
+    p.add_argument("--guidellm", default=str(GUIDELLM))
+    p.add_argument("--tokenizer", default=str(TOKENIZER))
+    p.add_argument("--seed", type=int, default=42)
+    p.add_argument("--result-file", default=None)
+    args = p.parse_args(argv)
+    args.levels = [int(s) for s in args.streams.split(",")]
+    for side in ("a", "b"):
+        if getattr(args, f"{side}_env") and getattr(args, side) != "ours":
+            p.error(f"--{side}-env sets our server's settings; --{side} is not ours")
+    return args
+
+
+def run_order(rounds: int) -> list[tuple[int, str]]:
+    """(round, side) in the order the runs happen: A B, B A, A B, ..."""
+    order = []
+    for r in range(rounds):
+        order += [(r, side) for side in (("A", "B") if r % 2 == 0 else ("B", "A"))]
+    return order
+
+
+def guidellm_command(args, base_url: str, model: str, out: Path) -> list[str]:
+    data = f"kind=synthetic_text,prompt_tokens={args.prompt_tokens},output_tokens={args.output_tokens}"
+    if args.prefix_tokens:
+        data += f",prefix_tokens={args.prefix_tokens},prefix_count=1"
+    streams = ",".join(f"streams[{i}]={n}" for i, n in enumerate(args.levels))
+    return [args.guidellm, "run",
+            "--backend", f"kind=openai_http,target={base_url},model={model}",
+            "--tokenizer", f"kind=huggingface_auto,model={args.tokenizer}",
+            "--seed", f"kind=static,value={args.seed}",
+            "--data", data, "--profile", f"kind=concurrent,{streams}",
+            # every request finishes: a cut run counts whole waves (benchmarks/README.md)
+            "--constraint", f"kind=max_requests,count={args.requests}",
+            "--constraint", "kind=max_duration,seconds=600",
+            "--output", f"kind=json,path={out}", "--disable-progress"]
+
+
+def read_levels(report: dict) -> list[dict]:
+    """Per concurrency level of a guidellm JSON report: output tok/s (mean over the level),
+    output tokens, ITL and TTFT medians and p99s in ms."""
+    levels = []
+    for bench in report["benchmarks"]:
+        m = bench["metrics"]
+
+        def stat(name: str, key: str = "median") -> float:
+            ok = m[name]["successful"]
+            return ok["percentiles"]["p99"] if key == "p99" else ok[key]
+        levels.append({
+            "streams": bench["config"]["strategy"]["streams"],
+            "tok_s": stat("output_tokens_per_second", "mean"),
+            "output_tokens": m["output_token_count"]["successful"]["total_sum"],
+            "itl_p50": stat("inter_token_latency_ms"), "itl_p99": stat("inter_token_latency_ms", "p99"),
+            "ttft_p50": stat("time_to_first_token_ms"), "ttft_p99": stat("time_to_first_token_ms", "p99"),
+        })
+    return levels
+
+
+def process_cpu(pid: int) -> float:
+    """CPU seconds (user + system) a process has used so far, all its threads."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def children_cpu() -> float:
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
+
+
+def spec_for(what: str, env: list[str], args):
+    if what == "ours":
+        return our_server(args.model, args.threads, env=parse_env(env))
+    binary = find_peer_bin()
+    if binary is None:
+        raise SystemExit("llama-server not found (scripts/build_llama_server.sh builds it)")
+    return llama_server(binary, args.model, args.threads, args.parallel)
+
+
+def run_one(spec, args, out: Path) -> dict:
+    """One server, started fresh, under one guidellm run (every level)."""
+    with launched(spec) as base_url:
+        model = first_model(base_url)
+        server0, client0 = process_cpu(spec.pid), children_cpu()
+        done = subprocess.run(guidellm_command(args, base_url, model, out), cwd=ROOT,
+                              env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"},
+                              capture_output=True, text=True)
+        server_cpu = process_cpu(spec.pid) - server0
+        client_cpu = children_cpu() - client0
+    if done.returncode != 0:
+        raise RuntimeError(f"guidellm failed ({done.returncode}):\n{done.stdout[-2000:]}\n"
+                           f"{done.stderr[-2000:]}")
+    levels = read_levels(json.loads(out.read_text()))
+    tokens = sum(level["output_tokens"] for level in levels)
+    return {"levels": levels, "server_cpu_s": server_cpu, "client_cpu_s": client_cpu,
+            "server_cpu_ms_per_token": 1000 * server_cpu / max(1, tokens)}
+
+
+def summarize(runs: dict[str, list[dict]]) -> list[dict]:
+    """Per level: each round's A/B throughput ratio and their median, and the medians of each
+    side's figures over its runs."""
+    rows = []
+    for i, level in enumerate(runs["A"][0]["levels"]):
+        a = [run["levels"][i] for run in runs["A"]]
+        b = [run["levels"][i] for run in runs["B"]]
+        ratios = [x["tok_s"] / y["tok_s"] for x, y in zip(a, b)]
+        row = {"streams": level["streams"], "ratios": ratios,
+               "ratio_median": statistics.median(ratios)}
+        for side, vals in (("a", a), ("b", b)):
+            for key in ("tok_s", "itl_p50", "itl_p99", "ttft_p50", "ttft_p99"):
+                row[f"{side}_{key}"] = statistics.median(v[key] for v in vals)
+        rows.append(row)
+    return rows
+
+
+def table(rows: list[dict], runs: dict[str, list[dict]], names: dict[str, str]) -> str:
+    lines = [f"A = {names['A']}, B = {names['B']}; guidellm, rounds of one run each, "
+             "alternated (A B, B A, ...); medians",
+             f"{'streams':>7} {'A/B per round':>22} {'median':>7} {'A tok/s':>8} {'B tok/s':>8} "
+             f"{'ITL p50 A/B ms':>15} {'ITL p99 A/B ms':>15} {'TTFT p50 A/B ms':>16}"]
+    for r in rows:
+        per_round = " ".join(f"{x:.2f}" for x in r["ratios"])
+        lines.append(f"{r['streams']:>7} {per_round:>22} {r['ratio_median']:>6.3f}x "
+                     f"{r['a_tok_s']:>8.1f} {r['b_tok_s']:>8.1f} "
+                     f"{r['a_itl_p50']:>7.1f}/{r['b_itl_p50']:<7.1f} "
+                     f"{r['a_itl_p99']:>7.1f}/{r['b_itl_p99']:<7.1f} "
+                     f"{r['a_ttft_p50']:>7.0f}/{r['b_ttft_p50']:<8.0f}")
+    for side in ("A", "B"):
+        cpu = ", ".join(f"{run['server_cpu_ms_per_token']:.1f}" for run in runs[side])
+        client = ", ".join(f"{run['client_cpu_s']:.0f}" for run in runs[side])
+        lines.append(f"{side}: server CPU ms per output token (each run) {cpu}; "
+                     f"guidellm CPU s {client}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if not Path(args.guidellm).exists():
+        raise SystemExit(f"{args.guidellm} not found: benchmarks/README.md, "
+                         "'guidellm against both servers', installs it")
+    sides = {"A": (args.a, args.a_env), "B": (args.b, args.b_env)}
+    names = {side: " ".join([what, *env]) for side, (what, env) in sides.items()}
+    runs: dict[str, list[dict]] = {"A": [], "B": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        for r, side in run_order(args.rounds):
+            spec = spec_for(*sides[side], args)
+            run = run_one(spec, args, Path(tmp) / f"{side}{r}.json")
+            runs[side].append(run)
+            print(f"round {r + 1} {side} ({names[side]}): "
+                  + ", ".join(f"{lv['streams']} streams {lv['tok_s']:.1f} tok/s"
+                              for lv in run["levels"]), flush=True)
+    rows = summarize(runs)
+    print(table(rows, runs, names))
+    if args.result_file:
+        write_result(args.result_file, {"benchmark": "guidellm_pairs", "args": vars(args),
+                                        "servers": names, "rows": rows, "runs": runs})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
