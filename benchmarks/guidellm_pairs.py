@@ -27,12 +27,14 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from contextlib import ExitStack
 from pathlib import Path
 
 from benchmarks.client import first_model
-from benchmarks.launch import DEFAULT_MODEL, ROOT, find_peer_bin, launched, llama_server, our_server
+from benchmarks.launch import DEFAULT_MODEL, ROOT
 from benchmarks.metrics import write_result
-from benchmarks.paired import parse_env
+from benchmarks.neighbor import cpu_seconds, server_process
+from benchmarks.paired import slice_order, start
 
 GUIDELLM = ROOT / ".gl" / "bin" / "guidellm"
 TOKENIZER = ROOT / ".gl" / "tokenizer"
@@ -68,10 +70,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def run_order(rounds: int) -> list[tuple[int, str]]:
     """(round, side) in the order the runs happen: A B, B A, A B, ..."""
-    order = []
-    for r in range(rounds):
-        order += [(r, side) for side in (("A", "B") if r % 2 == 0 else ("B", "A"))]
-    return order
+    return [(r, side) for r, pair in enumerate(slice_order(rounds)) for side in pair]
 
 
 def guidellm_command(args, base_url: str, model: str, out: Path) -> list[str]:
@@ -110,36 +109,22 @@ def read_levels(report: dict) -> list[dict]:
     return levels
 
 
-def process_cpu(pid: int) -> float:
-    """CPU seconds (user + system) a process has used so far, all its threads."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def children_cpu() -> float:
     ru = resource.getrusage(resource.RUSAGE_CHILDREN)
     return ru.ru_utime + ru.ru_stime
 
 
-def spec_for(what: str, env: list[str], args):
-    if what == "ours":
-        return our_server(args.model, args.threads, env=parse_env(env))
-    binary = find_peer_bin()
-    if binary is None:
-        raise SystemExit("llama-server not found (scripts/build_llama_server.sh builds it)")
-    return llama_server(binary, args.model, args.threads, args.parallel)
-
-
-def run_one(spec, args, out: Path) -> dict:
+def run_one(what: str, env: list[str], args, out: Path) -> dict:
     """One server, started fresh, under one guidellm run (every level)."""
-    with launched(spec) as base_url:
+    with ExitStack() as stack:
+        base_url = start(stack, what, env, args)
         model = first_model(base_url)
-        server0, client0 = process_cpu(spec.pid), children_cpu()
+        server = server_process(base_url)
+        server0, client0 = cpu_seconds(server), children_cpu()
         done = subprocess.run(guidellm_command(args, base_url, model, out), cwd=ROOT,
                               env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"},
                               capture_output=True, text=True)
-        server_cpu = process_cpu(spec.pid) - server0
+        server_cpu = cpu_seconds(server) - server0
         client_cpu = children_cpu() - client0
     if done.returncode != 0:
         raise RuntimeError(f"guidellm failed ({done.returncode}):\n{done.stdout[-2000:]}\n"
@@ -197,8 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     runs: dict[str, list[dict]] = {"A": [], "B": []}
     with tempfile.TemporaryDirectory() as tmp:
         for r, side in run_order(args.rounds):
-            spec = spec_for(*sides[side], args)
-            run = run_one(spec, args, Path(tmp) / f"{side}{r}.json")
+            run = run_one(*sides[side], args, Path(tmp) / f"{side}{r}.json")
             runs[side].append(run)
             print(f"round {r + 1} {side} ({names[side]}): "
                   + ", ".join(f"{lv['streams']} streams {lv['tok_s']:.1f} tok/s"

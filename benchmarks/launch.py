@@ -43,7 +43,6 @@ class ServerSpec:
     port: int
     env: dict[str, str] = field(default_factory=dict)
     cwd: Path = ROOT
-    pid: int | None = None   # set by launched() while the server runs
 
     @property
     def base_url(self) -> str:
@@ -114,7 +113,6 @@ def launched(spec: ServerSpec, startup_timeout: float = 300.0, log_dir: str | No
     with log_path.open("w") as log:
         proc = subprocess.Popen(spec.cmd, cwd=spec.cwd, env={**os.environ, **spec.env},
                                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        spec.pid = proc.pid
         try:
             _wait_healthy(spec, proc, log_path, startup_timeout)
             yield spec.base_url
