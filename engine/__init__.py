@@ -3,10 +3,10 @@
 from engine.chat import ChatTemplate, ChatTemplateError
 from engine.llama import Context, ContextConfig, Model, llama_cpp_version
 from engine.sampling import Sampler, SamplingParams
-from engine.request import Event, Request
+from engine.request import ErrorKind, Event, Request
 from engine.stats import ContextStats
 from engine.worker import EngineConfig, Observer, QueueFull, Worker
 
 __all__ = ["ChatTemplate", "ChatTemplateError", "Context", "ContextConfig", "ContextStats",
-           "EngineConfig", "Event", "Model", "Observer", "QueueFull", "Request", "Sampler",
+           "EngineConfig", "ErrorKind", "Event", "Model", "Observer", "QueueFull", "Request", "Sampler",
            "SamplingParams", "Worker", "llama_cpp_version"]

@@ -139,9 +139,11 @@ class Grammar:
         ok = np.unpackbits(b.view(np.uint8), bitorder="little")[:self.n_vocab].view(bool)
         return None if self.matcher.is_error() or not ok.any() else ok
 
-    def mask(self, logits: np.ndarray) -> C.llama_token_data_array | None:
-        """The candidates with disallowed tokens at -inf, or None when nothing is allowed."""
-        ok = self.allowed()
+    def mask(self, logits: np.ndarray, ok: np.ndarray | None = None
+             ) -> C.llama_token_data_array | None:
+        """The candidates with disallowed tokens at -inf, or None when nothing is allowed.
+        `ok`: the allowed tokens when the caller has computed them (`allowed`)."""
+        ok = self.allowed() if ok is None else ok
         if ok is None:
             return None
         a = self.candidates(logits)

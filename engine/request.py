@@ -5,6 +5,7 @@ import asyncio
 import itertools
 import time
 from dataclasses import dataclass, field
+from enum import StrEnum
 
 from engine.detok import TextStream
 from engine.logprobs import TokenLogprob
@@ -14,13 +15,22 @@ from scheduler import FinishReason, Sequence
 _request_ids = itertools.count(1)
 
 
+class ErrorKind(StrEnum):
+    """Why a request ended with an error; its value is the API's error code."""
+    ENGINE = "engine_error"              # the engine failed: its context, or this request's step
+    INVALID = "invalid_request"          # the request's own parameters could not be applied
+    SHUTDOWN = "server_shutting_down"    # a drain ended it
+
+
 @dataclass
 class Event:
-    """What a request's queue receives: new text, and on the last event the finish reason."""
+    """What a request's queue receives: new text, and on the last event the finish reason
+    (with `error` and `error_kind` when it ended with an error)."""
     text: str = ""
     num_tokens: int = 0
     finish_reason: FinishReason | None = None
     error: str | None = None
+    error_kind: ErrorKind | None = None
     logprobs: list[TokenLogprob] | None = None   # one per token in this event, when asked
     index: int = 0                               # the request's choice index (n > 1)
 

@@ -343,13 +343,21 @@ class Sampler:
         else:
             token = self._draw(g.candidates(logits))
             if not g.allows(token):
-                masked = g.mask(logits)
-                if masked is None:
+                ok = g.allowed()
+                if ok is None:
                     return None
-                token = self._draw(masked)
+                token = self._draw(g.mask(logits, ok))
+                if not ok[token]:   # the chain's arithmetic made the masked logits NaN: the
+                    ids = np.flatnonzero(ok)   # best allowed token, rather than a refused one
+                    token = int(ids[np.argmax(logits[ids])])
             C.llama_sampler_accept(self.chain, token)
         g.accept(token)
         return token
+
+    def accept_history(self, tokens: list[int]) -> None:
+        """Tokens the penalties count as already generated (a chain's history; tests)."""
+        for token in tokens:
+            C.llama_sampler_accept(self.chain, token)
 
     def _draw(self, candidates) -> int:
         """The chain's choice among these candidates (apply without accept)."""

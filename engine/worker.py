@@ -38,7 +38,7 @@ from engine.grammar import tokenizer_for
 from engine.handoff import hand_over
 from engine.llama import KV_TYPES, Context, ContextConfig, Model
 from engine.logprobs import TokenLogprob, token_logprob
-from engine.request import Admit, Cancel, Event, InboxMessage, Request
+from engine.request import Admit, Cancel, ErrorKind, Event, InboxMessage, Request
 from engine.sampling import Sampler
 from engine.stats import ContextStats, StepTimes
 from engine.threads import CoreBudget, CpuMeter, ThreadGovernor, own_share
@@ -316,14 +316,28 @@ class Worker:
                 self._finish(message.req, FinishReason.ABORT)   # the client left: no delivery
 
     def _admit(self, req: Request) -> None:
-        for r in req.group:
-            self._admit_one(r)
+        """Admit a request and its forks together, or, if any of them cannot be set up (its
+        sampler, grammar or text stream raised), end them all with an error event: their
+        parameters were refused (ValueError: a 400) or the engine failed (a 500)."""
+        try:
+            for r in req.group:
+                self._prepare(r)
+        except Exception as exc:
+            kind = ErrorKind.INVALID if isinstance(exc, ValueError) else ErrorKind.ENGINE
+            log.warning("engine %s: request %d could not be admitted: %r", self.name, req.id,
+                        exc)
+            self._deliver([self._finish(r, FinishReason.ERROR, error=_describe(exc),
+                                        kind=kind) for r in req.group])
+            return
         req.seq.prompt_logits = req.params.prompt_logprobs
         for fork in req.forks:
             fork.seq.fork_of = req.seq
             req.seq.forks.append(fork.seq)
+        for r in req.group:
+            self.scheduler.add(r.seq)
 
-    def _admit_one(self, req: Request) -> None:
+    def _prepare(self, req: Request) -> None:
+        """A request's sequence, sampler and text stream (not yet in the scheduler)."""
         p = req.params
         max_tokens = (p.max_tokens if p.max_tokens is not None
                       else self.max_seq_len - len(req.prompt))
@@ -332,7 +346,6 @@ class Worker:
         req.sampler = Sampler(p, self.model.n_vocab,
                               tokenizer_for(self.model) if p.grammar else None)
         req.stream = TextStream(self.model.piece, p.stop)
-        self.scheduler.add(req.seq)
 
     def _step(self) -> None:
         t0 = time.perf_counter()
@@ -385,12 +398,18 @@ class Worker:
         return events
 
     def _sample(self, group: list) -> list[Delivery]:
-        """Sample every chunk that wants logits, now: the next decode overwrites them."""
+        """Sample every chunk that wants logits, now: the next decode overwrites them. What
+        fails for one request (its sampler, grammar, stop strings, logprobs) ends that request
+        alone (_failed); the others go on."""
         now, offset, events = time.monotonic(), 0, []
         for chunk in group:
             first, offset = offset, offset + chunk.end - chunk.start
             if chunk.seq.prompt_logits:
-                self._prompt_logprobs(chunk, first)
+                try:
+                    self._prompt_logprobs(chunk, first)
+                except Exception as exc:
+                    events.append(self._failed(chunk.seq.owner, exc))
+                    continue
             if chunk.wants_logits:
                 reqs = [chunk.seq.owner]
                 if chunk.seq.forks:   # its prompt is computed: the other choices start now
@@ -400,8 +419,18 @@ class Worker:
                 for req in reqs:
                     if base is not None:
                         logits[:] = base
-                    events.append(self._sample_one(req, offset - 1, now))
+                    try:
+                        events.append(self._sample_one(req, offset - 1, now))
+                    except Exception as exc:
+                        events.append(self._failed(req, exc))
         return events
+
+    def _failed(self, req: Request, exc: Exception) -> Delivery:
+        """End one request whose own step raised: a 500 engine_error for it alone."""
+        log.error("engine %s: request %d failed; ending it alone", self.name, req.id,
+                  exc_info=exc)
+        return self._finish(req, FinishReason.ERROR, error=f"engine error: {_describe(exc)}",
+                            kind=ErrorKind.ENGINE)
 
     def _sample_one(self, req: Request, index: int, now: float) -> Delivery:
         if req.seq.max_tokens == 0:   # scoring only (echo): the prompt's logprobs were the point
@@ -450,16 +479,24 @@ class Worker:
         return req, Event(text, 1)
 
     def _finish(self, req: Request, reason: FinishReason, text: str = "", num_tokens: int = 0,
-                error: str | None = None) -> Delivery:
+                error: str | None = None, kind: ErrorKind | None = None) -> Delivery:
         """End a request for any reason: release its sequence (KV frees become ops), its
-        sampler, count it, and make its last event."""
-        if req.seq.status is not Status.FINISHED:
+        sampler, count it, and make its last event. Safe for a request that never got a
+        sequence or a sampler (its admission failed)."""
+        if req.seq is not None and req.seq.status is not Status.FINISHED:
             self.scheduler.abort(req.seq, reason)
         req.finish_reason, req.finish_time = reason, time.monotonic()
-        req.sampler.close()
+        if req.sampler is not None:
+            try:
+                req.sampler.close()
+            except Exception:   # what is left of a broken sampler must not keep the request
+                log.exception("engine %s: closing request %d's sampler failed", self.name,
+                              req.id)
         self.finished += 1
         self.observer.on_finish(self, req)
-        return req, Event(text, num_tokens, reason, error)
+        if error is not None and kind is None:
+            kind = ErrorKind.ENGINE
+        return req, Event(text, num_tokens, reason, error, kind)
 
     def _fail_all(self, message: str) -> None:
         self.failed = message
@@ -582,6 +619,11 @@ class Worker:
             kv_cached_blocks=m.num_cached_blocks, live_seqs=len(m.live),
             prefix_query_tokens=m.query_tokens, prefix_hit_tokens=m.hit_tokens,
             num_preemptions=s.num_preemptions, failed=self.failed)
+
+
+def _describe(exc: Exception) -> str:
+    """An exception as one line for a client: its message, or its type when it has none."""
+    return str(exc) or type(exc).__name__
 
 
 def _meter(config: EngineConfig, max_threads: int) -> CpuMeter | None:

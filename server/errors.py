@@ -59,13 +59,15 @@ def _describe(exc: RequestValidationError) -> tuple[str, str | None, str]:
     # pydantic names the member of a union it tried ("stop.str", "prompt.list[int].0"): not a
     # field of the request, so left out of the name
     loc = [str(p) for p in first.get("loc", ()) if p != "body" and not _union_member(p)]
+    if "field" in first.get("ctx", {}):   # a model's own check naming one of its fields
+        loc.append(first["ctx"]["field"])
     where = ".".join(loc)
     code = "invalid_value" if where else "invalid_json"
     if first.get("type") == "missing":
         if not where:
             return "the request body is missing (a JSON object is expected)", None, code
         return f"missing required field '{where}'", where, code
-    message = first.get("msg", "invalid value")
+    message = first.get("msg", "invalid value").removeprefix("Value error, ")
     return (f"{where}: {message}" if where else message), where or None, code
 
 

@@ -9,6 +9,7 @@ from `Body`, which makes that check.
 """
 from __future__ import annotations
 
+import json
 import re
 from typing import Annotated, Any, Literal
 
@@ -73,10 +74,11 @@ class SamplingFields(Body):
     top_p: Float | None = Field(None, gt=0.0, le=1.0)
     top_k: Int | None = Field(None, ge=-1, le=INT32_MAX)
     min_p: Float | None = Field(None, ge=0.0, le=1.0)
-    seed: Int | None = Field(None, ge=-(2**63), le=2**64 - 1)
+    seed: Int | None = Field(None, description="any integer; -1: random (llama-server's)")
     presence_penalty: Float | None = Field(None, ge=-2.0, le=2.0)
     frequency_penalty: Float | None = Field(None, ge=-2.0, le=2.0)
-    repetition_penalty: Float | None = Field(None, gt=0.0, le=10.0)
+    # at least 1e-6: a smaller divisor overflows float32 logits (and 5e-324 is 0 there)
+    repetition_penalty: Float | None = Field(None, ge=1e-6, le=10.0)
     stop: str | list[str] | None = None
     ignore_eos: Bool = False
     n: Int = Field(1, ge=1, le=INT32_MAX)   # above PAGEDLLAMA_MAX_N: a 400 in the routes
@@ -127,11 +129,51 @@ class UnsupportedContent(ValueError):
     """A content part other than text (image_url, input_audio, file, …)."""
 
 
+class FunctionCall(BaseModel):
+    """An assistant's call of a function, as OpenAI sends it back in the history."""
+    model_config = ConfigDict(extra="allow")
+
+    name: Annotated[str, Field(strict=True, min_length=1)]
+    arguments: Annotated[str, Field(strict=True)]   # JSON text
+
+    @field_validator("arguments")
+    @classmethod
+    def _json_text(cls, value: str) -> str:
+        try:
+            json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"must be JSON text ({exc.msg})") from None
+        return value
+
+
+class ToolCallItem(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    id: Annotated[str, Field(strict=True)]
+    type: Literal["function"]
+    function: FunctionCall
+
+
 class ChatMessage(BaseModel):
+    """One message of a chat history. Every nested shape is checked here, so a malformed one is
+    a 400 naming its field (`messages.0.tool_calls.0.function.name`), never an error later."""
     model_config = ConfigDict(extra="allow")
 
     role: Literal["system", "user", "assistant", "tool", "developer"]
     content: str | list[dict[str, Any]] | None = None
+    name: Annotated[str, Field(strict=True)] | None = None
+    tool_calls: list[ToolCallItem] | None = None
+    tool_call_id: Annotated[str, Field(strict=True)] | None = None
+
+    @model_validator(mode="after")
+    def _fields_of_its_role(self) -> "ChatMessage":
+        if self.role == "tool" and self.tool_call_id is None:
+            raise PydanticCustomError("field_missing", "a tool message needs 'tool_call_id'",
+                                      {"field": "tool_call_id"})
+        if self.tool_calls is not None and self.role != "assistant":
+            raise PydanticCustomError("field_not_allowed", "only assistant messages have "
+                                      "'tool_calls'", {"field": "tool_calls"})
+        return self
 
     def text(self) -> str:
         if self.content is None or isinstance(self.content, str):

@@ -10,8 +10,8 @@ from typing import AsyncIterator
 
 from fastapi import Request as HTTPRequest
 
-from engine import (ChatTemplate, ChatTemplateError, Event, Model, Observer, QueueFull, Request,
-                    SamplingParams, Worker)
+from engine import (ChatTemplate, ChatTemplateError, ErrorKind, Event, Model, Observer, QueueFull,
+                    Request, SamplingParams, Worker)
 from engine.embedding import Embedder
 from engine.gguf_info import gguf_facts
 from engine.logprobs import TokenLogprob
@@ -26,7 +26,7 @@ from server.schemas import SamplingFields
 from server.tools import ToolUse, prompt_input
 
 log = logging.getLogger("pagedllama.request")
-SHUTDOWN = FinishReason.ABORT   # with an error: the request a drain ended (engine errors: ERROR)
+SHUTDOWN = FinishReason.ABORT   # the finish reason of a request a drain ended (ErrorKind.SHUTDOWN)
 
 
 @dataclass
@@ -99,6 +99,18 @@ class Collected:
     logprobs: list[TokenLogprob]
     index: int = 0
     prompt_logprobs: list[TokenLogprob] | None = None
+
+
+RANDOM_SEED = -1   # llama-server's "random": a fresh draw, as if no seed were given
+
+
+def generator_seed(seed: int | None) -> int | None:
+    """A request's seed in the generators' range [0, 2**64): any integer, negative and huge
+    ones too, maps to one value there (seed mod 2**64), so the same seed gives the same answer;
+    -1 (llama-server's "random", which many clients send) means no seed."""
+    if seed is None or seed == RANDOM_SEED:
+        return None
+    return seed % 2**64
 
 
 def choice_seed(seed: int | None, i: int) -> int | None:
@@ -354,7 +366,7 @@ class Service:
         for worker, r in item.choices:
             if r.index not in item.finished:
                 r.queue.put_nowait(Event(error=self.shutdown_message, finish_reason=SHUTDOWN,
-                                         index=r.index))
+                                         error_kind=ErrorKind.SHUTDOWN, index=r.index))
                 worker.cancel(r)
 
     def _sampling(self, lm: LoadedModel, body: SamplingFields, max_tokens: int | None) -> SamplingParams:
@@ -368,7 +380,7 @@ class Service:
         return SamplingParams(
             max_tokens=max_tokens, temperature=pick("temperature", 1.0),
             top_k=max(0, top_k), top_p=pick("top_p", 1.0), min_p=pick("min_p", 0.0),
-            seed=body.seed, repetition_penalty=pick("repetition_penalty", 1.0),
+            seed=generator_seed(body.seed), repetition_penalty=pick("repetition_penalty", 1.0),
             presence_penalty=pick("presence_penalty", 0.0),
             frequency_penalty=pick("frequency_penalty", 0.0),
             stop=body.stop_list(), ignore_eos=body.ignore_eos,
@@ -430,7 +442,7 @@ class Service:
                 if event.index in live.finished:
                     continue   # a choice a drain ended, whose own events were on their way
                 if event.error:
-                    status = "shutdown" if event.finish_reason == SHUTDOWN else "error"
+                    status = "shutdown" if event.error_kind is ErrorKind.SHUTDOWN else "error"
                 if event.finish_reason:
                     live.finished.add(event.index)
                 yield event
@@ -457,11 +469,13 @@ class Service:
                  now - req.arrival_time, req.finish_reason or "cancelled")
 
 
+_ERROR_STATUS = {ErrorKind.ENGINE: 500, ErrorKind.INVALID: 400, ErrorKind.SHUTDOWN: 503}
+
+
 def error_status(event: Event) -> tuple[int, str]:
     """The HTTP status and error code of an event that carries an error."""
-    if event.finish_reason == SHUTDOWN:
-        return 503, "server_shutting_down"
-    return 500, "engine_error"
+    kind = event.error_kind or ErrorKind.ENGINE
+    return _ERROR_STATUS[kind], kind.value
 
 
 def _text_size(value) -> int:

@@ -113,6 +113,86 @@ def test_an_empty_body_and_a_wrong_prompt_type_name_the_request_not_pydantic(ser
     assert err["param"] in ("prompt", "stop")       # not "prompt.str" or "stop.str"
 
 
+# ---- seeds ----------------------------------------------------------------------------------------
+def sampled(base, seed, prompt="Once upon a time"):
+    body = {"model": M, "prompt": prompt, "max_tokens": 8, "temperature": 1.0, "seed": seed}
+    resp = post(base, "/v1/completions", body)
+    assert resp.status_code == 200, resp.text
+    return resp.json()["choices"][0]["text"]
+
+
+@pytest.mark.parametrize("seed", [-7, -2**63 - 5, 2**64 + 3, 10**30])
+def test_any_integer_is_a_seed_and_the_same_seed_gives_the_same_answer(server_url, seed):
+    assert sampled(server_url, seed) == sampled(server_url, seed)
+
+
+def test_seeds_map_into_the_generators_range_one_to_one_modulo_2_to_the_64(server_url):
+    assert sampled(server_url, -7) == sampled(server_url, 2**64 - 7)
+    assert sampled(server_url, 5) == sampled(server_url, 5 + 2**64)
+
+
+def test_seed_minus_one_means_random_as_in_llama_server(server_url):
+    answers = {sampled(server_url, -1, "Write one word:") for _ in range(6)}
+    assert len(answers) > 1                          # 6 equal draws of 8 tokens: never seen
+    health = httpx.get(f"{server_url}/health", timeout=10).json()
+    assert all(c["outstanding"] == 0 and c["failed"] is None
+               for c in health["models"][M]["contexts"])
+
+
+# ---- the shape of a chat history ------------------------------------------------------------------
+def chat_with(*messages):
+    return {"model": M, "max_tokens": 4, "messages": [*messages, {"role": "user", "content": "hi"}]}
+
+
+CALL = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+HISTORIES = {
+    "a call without its function": (
+        {"role": "assistant", "content": "x", "tool_calls": [{"id": 1}]}, "messages.0.tool_calls.0.id"),
+    "a call missing function": (
+        {"role": "assistant", "content": "x", "tool_calls": [{"id": "c", "type": "function"}]},
+        "messages.0.tool_calls.0.function"),
+    "a call of another type": (
+        {"role": "assistant", "tool_calls": [{**CALL, "type": "web_search"}]},
+        "messages.0.tool_calls.0.type"),
+    "a function without a name": (
+        {"role": "assistant", "tool_calls": [{**CALL, "function": {"arguments": "{}"}}]},
+        "messages.0.tool_calls.0.function.name"),
+    "arguments as an object": (
+        {"role": "assistant", "tool_calls": [{**CALL, "function": {"name": "f",
+                                                                   "arguments": {"a": 1}}}]},
+        "messages.0.tool_calls.0.function.arguments"),
+    "arguments that are not JSON": (
+        {"role": "assistant", "tool_calls": [{**CALL, "function": {"name": "f",
+                                                                   "arguments": "{a"}}]},
+        "messages.0.tool_calls.0.function.arguments"),
+    "tool_calls not a list": (
+        {"role": "assistant", "tool_calls": {"id": "c"}}, "messages.0.tool_calls"),
+    "a tool message without tool_call_id": (
+        {"role": "tool", "content": "sunny"}, "messages.0.tool_call_id"),
+    "a tool_call_id that is not a string": (
+        {"role": "tool", "content": "sunny", "tool_call_id": 3}, "messages.0.tool_call_id"),
+    "tool_calls on a user message": (
+        {"role": "user", "content": "x", "tool_calls": [CALL]}, "messages.0.tool_calls"),
+    "a name that is not a string": (
+        {"role": "user", "content": "x", "name": ["a"]}, "messages.0.name"),
+}
+
+
+@pytest.mark.parametrize("case", list(HISTORIES))
+def test_a_malformed_history_is_a_400_naming_the_field(server_url, case):
+    message, where = HISTORIES[case]
+    err = error(post(server_url, "/v1/chat/completions", chat_with(message)), 400)
+    assert err["param"] == where, err
+    assert where in err["message"] and "Value error" not in err["message"]
+
+
+def test_a_well_formed_history_with_calls_and_results_is_answered(server_url):
+    resp = post(server_url, "/v1/chat/completions", chat_with(
+        {"role": "assistant", "content": None, "tool_calls": [CALL]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}))
+    assert resp.status_code == 200, resp.text
+
+
 # ---- size -----------------------------------------------------------------------------------------
 def test_a_body_over_the_limit_is_a_413_before_it_is_parsed(server_url):
     not_json = b"{" * 400_000          # would be a 400 "not valid JSON" if it were parsed
