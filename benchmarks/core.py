@@ -3,7 +3,7 @@
 N streams each generate M tokens greedily (ignore_eos) from random token-id prompts of
 --input-len tokens: once through our server (a subprocess started here, or --base-url), all N
 requests sent at once to /v1/completions, and once through the raw batched llama_decode loop
-(engine/tools/ceiling.py) in this process, with the same prompts. Output tok/s of both counts every
+(benchmarks/tools/ceiling.py) in this process, with the same prompts. Output tok/s of both counts every
 output token over the whole run (prefill included); server/raw is printed next to the target.
 
     python -m benchmarks.core --streams 1,16 --input-len 64 --output-len 128 --threads 2
@@ -22,7 +22,7 @@ from benchmarks.datasets import Conversation, token_dataset
 from benchmarks.launch import DEFAULT_MODEL, launched, our_server
 from benchmarks.metrics import write_result
 from benchmarks.serve import run_workload, warmup
-from engine.tools.ceiling import Ceiling, CeilingConfig
+from benchmarks.tools.ceiling import Ceiling, CeilingConfig
 
 TARGETS = {1: 0.9, 16: 0.85}   # server/raw output tok/s (issue 2)
 

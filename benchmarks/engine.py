@@ -1,5 +1,5 @@
 """The engine ceiling for a batch shape: a raw batched llama_decode loop in this process
-(engine/tools/ceiling.py), no server. Prefill and decode tok/s at each batch size.
+(benchmarks/tools/ceiling.py), no server. Prefill and decode tok/s at each batch size.
 
     python -m benchmarks.engine --batch-sizes 1,2,4,8,16,32 --input-len 64 --output-len 64
 """
@@ -11,7 +11,7 @@ from pathlib import Path
 
 from benchmarks.datasets import token_dataset
 from benchmarks.metrics import write_result
-from engine.tools.ceiling import Ceiling, CeilingConfig
+from benchmarks.tools.ceiling import Ceiling, CeilingConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_MODEL = ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"

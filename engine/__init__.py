@@ -1,5 +1,5 @@
 """The only package that imports llama_cpp: models, contexts, sampling, the step loop, and
-(engine.tools) the measurement tooling of benchmarks/ and experiments/."""
+(benchmarks.tools) the measurement tooling of benchmarks/ and experiments/."""
 from engine.chat import ChatTemplate, ChatTemplateError
 from engine.llama import Context, ContextConfig, Model, llama_cpp_version
 from engine.sampling import Sampler, SamplingParams

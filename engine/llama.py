@@ -219,7 +219,7 @@ class Model:
     def byte_weights(self) -> np.ndarray | None:
         """For each byte value b, 1 / (length of the longest token text that holds b), or 0 if no
         token holds it. Every token covers at most its own text's length of input, so a text's
-        byte weights sum to a lower bound on its token count (server/prompts.py): computed
+        byte weights sum to a lower bound on its token count (server/service/prompts.py): computed
         once, it lets a prompt that cannot fit be rejected without tokenizing it. None where
         that does not hold: vocabularies that normalise input (WPM, UGM, ...) or special tokens
         that strip the whitespace beside them."""

@@ -15,7 +15,7 @@ import matplotlib.ticker
 from tqdm import tqdm
 
 from engine import Model
-from engine.tools import bench
+from benchmarks.tools import bench
 from experiments import common
 from experiments.texts import STORY_PROMPT
 

@@ -15,7 +15,7 @@ import numpy as np
 from tqdm import tqdm
 
 from engine import Model
-from engine.tools import bench, quantize
+from benchmarks.tools import bench, quantize
 from experiments import common
 from experiments.texts import PASSAGES
 

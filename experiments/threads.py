@@ -15,7 +15,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from engine import Model
-from engine.tools import bench
+from benchmarks.tools import bench
 from experiments import common
 from experiments.texts import PASSAGES
 

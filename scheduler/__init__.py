@@ -1,4 +1,4 @@
-"""Scheduling: policies, the per-context continuous-batching scheduler, and the router."""
+"""Scheduling: policies and the per-context continuous-batching scheduler."""
 from scheduler.policy import POLICIES, Policy, make_policy
 from scheduler.scheduler import Chunk, Scheduler, StepPlan
 from scheduler.sequence import FinishReason, Sequence, Status

@@ -3,7 +3,7 @@
 # that fits its short lease. Run from the repository root there:
 #
 #   scripts/gpu_check.sh setup    # unpack what travelled, install the wheels, show the machine
-#   scripts/gpu_check.sh probe    # GPU against CPU in one process (engine/tools/gpu_probe.py)
+#   scripts/gpu_check.sh probe    # GPU against CPU in one process (benchmarks/tools/gpu_probe.py)
 #   scripts/gpu_check.sh tests    # the integration tests with every layer offloaded
 #   scripts/gpu_check.sh bench    # benchmarks.compare (vs llama-server, CUDA) / core / prefix /
 #                                 # chunking at 1, 16 and 64 concurrent
@@ -67,7 +67,7 @@ setup() {
 
 probe() {
     log "probe"
-    timeout 120 python3 -m engine.tools.gpu_probe 2>&1 | tee "$OUT/probe.txt"
+    timeout 120 python3 -m benchmarks.tools.gpu_probe 2>&1 | tee "$OUT/probe.txt"
 }
 
 tests() {

@@ -23,7 +23,7 @@ class ModelSpec:
 
 @dataclass
 class EdgeLimits:
-    """What the HTTP edge accepts (server/edge.py, server/protocol.py)."""
+    """What the HTTP edge accepts (server/http/edge.py, server/http/protocol.py)."""
     max_body_bytes: int = 192 * 1024   # 413 above this, before the body is parsed
     read_timeout: float = 10.0         # a request head, and each read of a body, within this
     keepalive_timeout: float = 5.0     # an idle connection is closed after this
@@ -162,7 +162,7 @@ def _models_from_file(path: Path, base: EngineConfig) -> list[ModelSpec]:
     return specs
 
 
-# the sampling values a model may default (a request's own value wins): server/service.py
+# the sampling values a model may default (a request's own value wins): server/service/service.py
 SAMPLING_DEFAULTS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty",
                      "presence_penalty", "frequency_penalty")
 
@@ -173,7 +173,7 @@ def sampling_defaults(raw: object, where: str) -> dict:
     failing every request later. A null value means no default."""
     from pydantic import ValidationError
 
-    from server.schemas import SamplingFields
+    from server.openai.schemas import SamplingFields
 
     if not isinstance(raw, dict):
         raise ValueError(f"{where} must be a mapping")

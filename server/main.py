@@ -8,12 +8,12 @@ from contextlib import asynccontextmanager
 from fastapi import Depends, FastAPI, Request, Security
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from server import (cors, embeddings, errors, model_routes, native, observability, openai_api,
-                    openapi, protocol, responses, router_info)
+from server.api import embeddings, models, native, observability, openai, responses, router_info
+from server.http import cors, errors, openapi, protocol
 from server.config import load_settings
-from server.drain import Drain
-from server.edge import Edge
-from server.service import Service
+from server.http.drain import Drain
+from server.http.edge import Edge
+from server.service.service import Service
 
 log = logging.getLogger("pagedllama.server")
 
@@ -62,7 +62,7 @@ async def require_api_key(request: Request,
                           credentials: HTTPAuthorizationCredentials | None = Security(bearer)):
     """With PAGEDLLAMA_API_KEY set, generation and model routes need `Authorization: Bearer KEY`.
     Declares the bearer scheme in the OpenAPI schema. The check that matters runs earlier, in
-    server/edge.py, before the body is read; this one repeats it (constant time)."""
+    server/http/edge.py, before the body is read; this one repeats it (constant time)."""
     key = request.app.state.settings.api_key
     given = credentials.credentials.encode() if credentials else b""
     if key and not hmac.compare_digest(given, key.encode()):
@@ -77,10 +77,10 @@ openapi.install(app)
 # the edge then refuses (draining, key, body size) before any body is read or parsed.
 app.add_middleware(Edge)
 cors.install(app, cors.origins_from_env())
-app.include_router(openai_api.router, dependencies=[Depends(require_api_key)])
+app.include_router(openai.router, dependencies=[Depends(require_api_key)])
 app.include_router(responses.router, dependencies=[Depends(require_api_key)])
 app.include_router(embeddings.router, dependencies=[Depends(require_api_key)])
-app.include_router(model_routes.router, dependencies=[Depends(require_api_key)])
+app.include_router(models.router, dependencies=[Depends(require_api_key)])
 app.include_router(native.router, dependencies=[Depends(require_api_key)])
 app.include_router(native.public)
 app.include_router(observability.router)

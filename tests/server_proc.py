@@ -44,19 +44,22 @@ def two_cores() -> set[int]:
     return set(sorted(os.sched_getaffinity(0))[:2])
 
 
+APP = "server.main:app"
+
+
 @contextmanager
 def running_server(env: dict[str, str] | None = None, startup_timeout: float = 120.0,
-                   cpus: set[int] | None = None):
+                   cpus: set[int] | None = None, app: str = APP):
     """Yields the base URL (http://127.0.0.1:PORT) of a fresh server with these env overrides
-    (and pinned to `cpus` if given). The server's log is kept in a temp file and printed if
-    startup fails."""
-    with server_process(env, startup_timeout, cpus) as server:
+    (and pinned to `cpus` if given; `app`: another ASGI app to serve, e.g. a test's). The
+    server's log is kept in a temp file and printed if startup fails."""
+    with server_process(env, startup_timeout, cpus, app) as server:
         yield server.base
 
 
 @contextmanager
 def server_process(env: dict[str, str] | None = None, startup_timeout: float = 120.0,
-                   cpus: set[int] | None = None):
+                   cpus: set[int] | None = None, app: str = APP):
     """Like running_server, but yields the ServerProcess (to signal it, read its log)."""
     port = free_port()
     # a short drain: a test that leaves a request running does not hold up the teardown
@@ -65,7 +68,7 @@ def server_process(env: dict[str, str] | None = None, startup_timeout: float = 1
     log_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"pagedllama-test-{port}.log"
     log = log_path.open("w")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "uvicorn", "server.main:app", "--host", "127.0.0.1",
+        [sys.executable, "-m", "uvicorn", app, "--host", "127.0.0.1",
          "--port", str(port), "--no-access-log"],
         cwd=ROOT, env=full_env, stdout=log, stderr=subprocess.STDOUT,
         preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)

@@ -1,6 +1,6 @@
 """Fault injection: a llama_decode error in one of two contexts fails only that context's
 requests; the other context's stream goes on, and afterwards both serve correct answers.
-The fault comes from the PAGEDLLAMA_TEST_FAIL_DECODE start-up hook (server/faults.py)."""
+The fault comes from the test app tests/faults.py (PAGEDLLAMA_TEST_FAIL_DECODE)."""
 import json
 import threading
 import time
@@ -9,6 +9,8 @@ import httpx
 from openai import OpenAI
 
 from tests.server_proc import SMOLLM2_NAME, running_server
+
+FAULTY_APP = "tests.faults:app"
 
 M = SMOLLM2_NAME
 FAILING = f"{M}/1"
@@ -46,7 +48,7 @@ def test_a_decode_error_in_one_context_fails_only_its_requests():
     # without prefix caching, routing goes by load alone: both idle, context 0; else the idler
     env = {"PAGEDLLAMA_CONTEXTS": "2", "PAGEDLLAMA_THREADS": "2", "PAGEDLLAMA_PREFIX_CACHING": "0",
            "PAGEDLLAMA_TEST_FAIL_DECODE": f"{FAILING}:40"}
-    with running_server(env) as base:
+    with running_server(env, app=FAULTY_APP) as base:
         client = OpenAI(base_url=f"{base}/v1", api_key="x", max_retries=0, timeout=120)
         reference = answer(client)                               # computed on context 0
         healthy, failing, later = {}, {}, {}

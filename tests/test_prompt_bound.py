@@ -1,11 +1,11 @@
-"""The cheap token bound (server/prompts.py) never exceeds the real token count, with the real
+"""The cheap token bound (server/service/prompts.py) never exceeds the real token count, with the real
 tokenizers of both models: a prompt it rejects could never have fit."""
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from engine import Model
-from server.prompts import TokenBound
+from server.service.prompts import TokenBound
 from tests.server_proc import GEMMA3, SMOLLM2
 
 PIECES = ["<|im_end|>", "<|im_start|>", "<bos>", "<start_of_turn>", "<eos>", " ", "    ",

@@ -2,7 +2,7 @@
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-from server import cors
+from server.http import cors
 
 
 def app_with(origins: list[str]) -> TestClient:

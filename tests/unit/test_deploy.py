@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from server.config import EdgeLimits
-from server.drain import LAST_EVENTS_SECONDS
+from server.http.drain import LAST_EVENTS_SECONDS
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "deploy" / "kubernetes"
@@ -88,7 +88,7 @@ def test_replicas_are_ready_on_health_and_drain_within_the_grace_period():
     assert "livenessProbe" in c
     pre_stop = c["lifecycle"]["preStop"]["exec"]["command"]
     assert pre_stop[0] == "sleep"
-    # The grace period counts from the preStop hook: the sleep, then the drain (server/drain.py:
+    # The grace period counts from the preStop hook: the sleep, then the drain (server/http/drain.py:
     # PAGEDLLAMA_DRAIN_SECONDS, then up to 5 s for the ended requests' last events), then the
     # shutdown itself, which needs some room (10 s here) before Kubernetes sends SIGKILL.
     env = {e["name"]: e.get("value") for e in c["env"]}

@@ -7,7 +7,7 @@ import time
 import numpy as np
 import pytest
 
-from server.prompts import PromptPool, TokenBound
+from server.service.prompts import PromptPool, TokenBound
 
 
 def run(coro):

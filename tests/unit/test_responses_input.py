@@ -7,10 +7,10 @@ import pytest
 from openai.types.responses import Response, ResponseStreamEvent
 
 from scheduler import FinishReason
-from server.errors import APIError
-from server.responses import (ResponsesRequest, ResponseState, constraints, output_items,
+from server.http.errors import APIError
+from server.openai.responses import (ResponsesRequest, ResponseState, constraints, output_items,
                               reject_unsupported, to_messages)
-from server.tools import parse_tools, render_messages
+from server.openai.tools import parse_tools, render_messages
 from tests.grammar_bytes import accepts
 
 WEATHER = {"type": "function", "name": "weather", "description": "Weather in a city",

@@ -1,7 +1,7 @@
 """Routing between replicas of one model: cached prefix against load."""
 from dataclasses import dataclass
 
-from scheduler.router import LOAD_TOKENS, pick_replica
+from server.service.routing import LOAD_TOKENS, pick_replica
 
 
 @dataclass

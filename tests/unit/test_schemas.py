@@ -4,10 +4,10 @@ import json
 import pytest
 from pydantic import ValidationError
 
-from server.embeddings import EmbeddingRequest
-from server.model_routes import DetokenizeRequest, TokenizeRequest
-from server.responses import ResponsesRequest
-from server.schemas import ChatCompletionRequest, CompletionRequest, find_lone_surrogate
+from server.api.embeddings import EmbeddingRequest
+from server.api.models import DetokenizeRequest, TokenizeRequest
+from server.openai.responses import ResponsesRequest
+from server.openai.schemas import ChatCompletionRequest, CompletionRequest, find_lone_surrogate
 
 
 def completion(**fields):

@@ -1,11 +1,11 @@
-"""The SSE messages every streaming route sends (server/sse.py)."""
+"""The SSE messages every streaming route sends (server/http/sse.py)."""
 import asyncio
 import json
 
 from sse_starlette.event import ServerSentEvent
 
-from server.openai_format import OpenAIFormat
-from server.sse import EventStream, json_data, message
+from server.openai.format import OpenAIFormat
+from server.http.sse import EventStream, json_data, message
 
 
 def test_a_message_is_what_sse_starlettes_encoder_writes():

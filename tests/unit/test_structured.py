@@ -3,11 +3,11 @@ wrong, and which request fields are refused, ignored or served (no model loaded)
 import pytest
 
 from engine.grammar import GrammarError, check, from_gbnf, from_json_schema
-from server.errors import APIError
-from server.fields import UNSUPPORTED_CHAT, check_fields
-from server.schemas import ChatCompletionRequest
-from server.structured import compile_schema, grammar_for
-from server.tools import parse_tools
+from server.http.errors import APIError
+from server.openai.fields import UNSUPPORTED_CHAT, check_fields
+from server.openai.schemas import ChatCompletionRequest
+from server.openai.structured import compile_schema, grammar_for
+from server.openai.tools import parse_tools
 from tests.grammar_bytes import accepts
 
 

@@ -13,7 +13,7 @@ as a reset while it is still sending. This subclass:
   a reset.
 
 Installed from the app's lifespan (`install`), so plain `uvicorn server.main:app` gets it; the
-body's own read timeout and size limit are in server/edge.py, where they need no uvicorn.
+body's own read timeout and size limit are in server/http/edge.py, where they need no uvicorn.
 """
 from __future__ import annotations
 

@@ -9,13 +9,13 @@ from fastapi import APIRouter, Request as HTTPRequest
 from fastapi.responses import JSONResponse
 
 from engine import Request, Worker
-from server.errors import error_body
-from server.fields import check_fields, unsupported
-from server.openapi import ERROR_RESPONSES, STREAM_ONLY
-from server.schemas import GenerateRequest
-from server.service import Service, error_status
-from server.sse import EventStream, json_data, message
-from server.structured import grammar_for
+from server.http.errors import error_body
+from server.openai.fields import check_fields, unsupported
+from server.http.openapi import ERROR_RESPONSES, STREAM_ONLY
+from server.openai.schemas import GenerateRequest
+from server.service.service import Service, error_status
+from server.http.sse import EventStream, json_data, message
+from server.openai.structured import grammar_for
 
 router = APIRouter(responses=ERROR_RESPONSES)
 public = APIRouter()

@@ -4,7 +4,7 @@ Numbers and booleans are strict: `"max_tokens": true`, `"max_tokens": "16"`, `"p
 and non-finite floats (`1e400`, `NaN`) are 400s, not coerced. Every string anywhere in a body
 must be valid Unicode: a lone surrogate (`"\\ud800"`, which JSON allows) cannot be encoded to
 UTF-8 for the tokenizer or echoed back, so it is a 400 naming where it was found. Every request
-body (here, and in server/responses.py, server/embeddings.py, server/model_routes.py) derives
+body (here, and in server/openai/responses.py, server/api/embeddings.py, server/api/models.py) derives
 from `Body`, which makes that check.
 """
 from __future__ import annotations
@@ -65,7 +65,7 @@ _NULLABLE = ("n", "stream", "echo")
 
 
 class SamplingFields(Body):
-    # Unknown fields are kept (model_extra) so that server/fields.py can refuse them by name.
+    # Unknown fields are kept (model_extra) so that server/openai/fields.py can refuse them by name.
     model_config = ConfigDict(extra="allow")
 
     model: str | None = None
@@ -86,7 +86,7 @@ class SamplingFields(Body):
     stream_options: StreamOptions | None = None
     priority: Int = Field(0, ge=-INT64_MAX, le=INT64_MAX)
     timeout: Float | None = Field(None, gt=0.0, description="seconds before the request is ended")
-    # structured output (server/structured.py): OpenAI's, and llama-server's two fields
+    # structured output (server/openai/structured.py): OpenAI's, and llama-server's two fields
     response_format: dict[str, Any] | None = None
     json_schema: dict[str, Any] | None = None
     grammar: str | None = None
@@ -118,7 +118,7 @@ class SamplingFields(Body):
 
 
 class StreamOptions(BaseModel):
-    # unknown options are kept so that server/fields.py can refuse them by name
+    # unknown options are kept so that server/openai/fields.py can refuse them by name
     model_config = ConfigDict(extra="allow")
 
     include_usage: Bool = False
@@ -194,7 +194,7 @@ class ChatCompletionRequest(SamplingFields):
     max_completion_tokens: Int | None = Field(None, ge=1, le=INT32_MAX)
     logprobs: Bool | None = None
     top_logprobs: Int | None = Field(None, ge=0, le=20)
-    tools: list[Any] | None = None          # server/tools.py checks each one
+    tools: list[Any] | None = None          # server/openai/tools.py checks each one
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: Bool | None = None
     # vLLM's assistant prefill: continue the last (assistant) message instead of a new turn
@@ -230,15 +230,3 @@ SamplingFields.model_rebuild()
 ChatCompletionRequest.model_rebuild()
 CompletionRequest.model_rebuild()
 GenerateRequest.model_rebuild()
-
-
-class ErrorDetail(BaseModel):
-    message: str
-    type: str
-    param: str | None = None
-    code: str | None = None
-
-
-class ErrorResponse(BaseModel):
-    """Every error, in OpenAI's shape."""
-    error: ErrorDetail

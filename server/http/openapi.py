@@ -6,8 +6,8 @@ from __future__ import annotations
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
-from server.edge import OBSERVABILITY, is_api
-from server.schemas import ErrorResponse
+from server.http.edge import OBSERVABILITY, is_api
+from server.http.errors import ErrorResponse
 
 SSE = {"text/event-stream": {"schema": {"type": "string", "description": "Server-sent events"}}}
 ERRORS = {

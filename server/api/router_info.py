@@ -15,7 +15,8 @@ from __future__ import annotations
 from fastapi import APIRouter, Request as HTTPRequest
 from fastapi.responses import JSONResponse
 
-from server.service import LoadedModel, Service
+from server.service.models import LoadedModel
+from server.service.service import Service
 
 router = APIRouter(include_in_schema=False)
 

@@ -1,45 +1,39 @@
-"""POST /v1/responses: OpenAI's Responses API, stateless.
+"""OpenAI's Responses API, stateless: its request body, the checks of what it asks for, its
+`input` items as chat messages, and its answer as output items and typed stream events.
 
 `input` (a string, or a list of items: messages, `function_call`s and `function_call_output`s)
-and `instructions` become chat messages and go through the model's chat template, tools and
-calls rendered as chat renders them (server/tools.py); generation is the same service path as
-chat completions (service.submit / service.events). `text.format` (`json_object`,
-`json_schema`) constrains the output with the grammar chat's `response_format` uses
-(server/structured.py); function `tools` and `tool_choice` work as in chat, in the Responses
-shapes, and each call comes back as a `function_call` output item.
+and `instructions` become chat messages (developer messages become system ones; calls and their
+outputs become assistant `tool_calls` and `tool` messages). `text.format` (`json_object`,
+`json_schema`) constrains the output with the grammar chat's `response_format` uses; function
+`tools` and `tool_choice` work as in chat, in the Responses shapes, and each call comes back as
+a `function_call` output item. Nothing is stored: `store: true`, `previous_response_id`,
+`background` and tools other than functions are 400s.
 
 Streamed, the typed events follow OpenAI's order: response.created, response.in_progress, then
 per output item response.output_item.added, (a message) response.content_part.added,
 response.output_text.delta…, response.output_text.done, response.content_part.done, (a call)
 response.function_call_arguments.delta, response.function_call_arguments.done, and
 response.output_item.done; then response.completed (or response.incomplete when
-max_output_tokens ended it). Without tools the text streams as it comes; with tools it is held
-to the end, as chat holds it, since only then can a call be told from text. Nothing is stored:
-`store: true`, `previous_response_id`, `background` and tools other than functions are 400s.
+max_output_tokens ended it).
 """
 from __future__ import annotations
 
-import json
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Iterator
+from typing import Any, Iterator
 
-from fastapi import APIRouter, Request as HTTPRequest
 from pydantic import ConfigDict, Field
 
-from engine import Request, Worker
+from engine import Request
 from scheduler import FinishReason
-from server.errors import APIError, error_body
-from server.fields import check_keys, check_stream_options
-from server.openapi import ERROR_RESPONSES, RESPONSES_STREAMED
-from server.schemas import INT32_MAX, Bool, Int, SamplingFields
-from server.service import Service, error_status
-from server.sse import EventStream, json_data, message
-from server.structured import text_format_grammar
-from server.tools import ToolCall, ToolUse, parse_tool_calls, parse_tools
+from server.http.errors import APIError
+from server.openai.fields import check_keys, check_stream_options
+from server.openai.schemas import INT32_MAX, Bool, Int, SamplingFields
+from server.http.sse import json_data, message
+from server.openai.structured import text_format_grammar
+from server.openai.tools import ToolCall, ToolUse, parse_tool_calls, parse_tools
 
-router = APIRouter(prefix="/v1", responses=ERROR_RESPONSES)
 _TEXT_PARTS = {"input_text", "output_text", "text"}
 _CHAT_ONLY = ("response_format", "json_schema", "grammar")
 # Accepted and ignored: they label or route a request.
@@ -60,7 +54,7 @@ class ResponsesRequest(SamplingFields):
     previous_response_id: str | None = None
     background: Bool | None = None
     text: dict[str, Any] | None = None
-    tools: list[Any] | None = None            # server/tools.py checks each one
+    tools: list[Any] | None = None            # server/openai/tools.py checks each one
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: Bool | None = None
     metadata: dict[str, Any] | None = None
@@ -346,59 +340,3 @@ class ResponseState:
         return {"item_id": self.item_id, "output_index": index, "content_index": 0}
 
 
-@router.post("/responses", responses=RESPONSES_STREAMED)
-async def create_response(body: ResponsesRequest, http: HTTPRequest):
-    reject_unsupported(body)
-    svc: Service = http.app.state.service
-    lm = svc.get(body.model)
-    use, grammar = constraints(body, lm.model)
-    max_tokens = body.max_output_tokens or body.max_tokens
-    prompt = await svc.chat_prompt(lm, to_messages(body), max_tokens, http, use=use)
-    worker, req = svc.submit(lm, prompt, body, max_tokens, grammar)
-    state = ResponseState(body, lm.name, req, use)
-    if body.stream:
-        return EventStream(_stream(svc, worker, state, http))
-    async for event in svc.events(worker, req, http, poll_disconnect=True):
-        if event.error:   # 500 engine_error, or 503 when a drain ended it
-            status, code = error_status(event)
-            raise APIError(status, event.error, code)
-        state.text += event.text
-        state.finish = event.finish_reason or state.finish
-    if state.finish is None:   # the client went away
-        raise APIError(499, "client disconnected", "client_disconnected")
-    state.finish_output()
-    return state.response()
-
-
-async def _stream(svc: Service, worker: Worker, s: ResponseState,
-                  http: HTTPRequest) -> AsyncIterator[bytes]:
-    """Without tools the message streams as it comes; with tools the text is held back and the
-    items (a message, function calls) go out whole at the end."""
-    live = not s.use.active
-    yield s.event("response.created", response=s.response())
-    yield s.event("response.in_progress", response=s.response())
-    if live:
-        for e in s.message_opened(0):
-            yield e
-    async for event in svc.events(worker, s.req, http):
-        if event.error:   # the final event: an engine error, or a drain ended the response
-            status, code = error_status(event)
-            yield message(json.dumps(
-                {**error_body(status, event.error, code)["error"], "type": "error",
-                 "sequence_number": s.seq}), "error")
-            return
-        if event.text:
-            s.text += event.text
-            if live:
-                yield s.text_delta(0, event.text)
-        s.finish = event.finish_reason or s.finish
-    items = s.finish_output()
-    if live:
-        for e in s.message_closed(0, items[0]):
-            yield e
-    else:
-        for index, item in enumerate(items):
-            for e in s.item_events(index, item):
-                yield e
-    final = "response.completed" if s.status() == "completed" else "response.incomplete"
-    yield s.event(final, response=s.response())

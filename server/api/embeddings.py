@@ -12,19 +12,20 @@ import numpy as np
 from fastapi import APIRouter, Request as HTTPRequest
 from pydantic import ConfigDict, Field
 
-from server.errors import APIError
-from server.fields import check_fields
-from server.model_routes import check_tokens
-from server.openapi import ERROR_RESPONSES
-from server.schemas import Body, Int
-from server.service import LoadedModel, Service
+from server.http.errors import APIError
+from server.openai.fields import check_fields
+from server.api.models import check_tokens
+from server.http.openapi import ERROR_RESPONSES
+from server.openai.schemas import Body, Int
+from server.service.models import LoadedModel
+from server.service.service import Service
 
 router = APIRouter(prefix="/v1", responses=ERROR_RESPONSES)
 MAX_INPUTS = 2048
 
 
 class EmbeddingRequest(Body):
-    # unknown fields are kept so that server/fields.py can refuse them by name (vLLM's
+    # unknown fields are kept so that server/openai/fields.py can refuse them by name (vLLM's
     # `truncate_prompt_tokens` or `normalize` would change the vectors)
     model_config = ConfigDict(extra="allow")
 

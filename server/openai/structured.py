@@ -17,9 +17,9 @@ from typing import Any
 import jsonschema
 
 from engine.grammar import GrammarError, check, from_gbnf, from_json_schema, tokenizer_for
-from server.errors import APIError
-from server.fields import check_keys
-from server.schemas import SamplingFields
+from server.http.errors import APIError
+from server.openai.fields import check_keys
+from server.openai.schemas import SamplingFields
 
 
 _CODES = {"grammar": "invalid_grammar", "response_format": "invalid_value",

@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.grammar import GrammarError, check, closed, from_lark, json_value_lark
-from server.errors import APIError
-from server.fields import check_keys
-from server.structured import compile_schema
+from server.http.errors import APIError
+from server.openai.fields import check_keys
+from server.openai.structured import compile_schema
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 _CALL = re.compile(re.escape(OPEN) + r"\s*(.*?)\s*" + re.escape(CLOSE), re.DOTALL)

@@ -2,7 +2,7 @@
 
 uvicorn's own SIGTERM handling closes the listening socket and sse-starlette ends every stream
 at once (mid-chunk: no finish_reason, no [DONE]). We take SIGTERM first:
-1. stop admitting: new API requests get 503 with Retry-After (server/edge.py), /health answers
+1. stop admitting: new API requests get 503 with Retry-After (server/http/edge.py), /health answers
    503 "draining" so a load balancer stops routing here; the socket stays open meanwhile;
 2. running requests finish, for up to `seconds` (PAGEDLLAMA_DRAIN_SECONDS);
 3. what still runs is ended: a stream gets a final SSE error event and [DONE], a non-streamed
@@ -28,7 +28,7 @@ class Drain:
         self.seconds = seconds
         self.end_all = end_all           # ends every running request; returns how many
         self.draining = False
-        self.active = 0                  # API requests in flight (counted by server/edge.py)
+        self.active = 0                  # API requests in flight (counted by server/http/edge.py)
         self.retry_after = str(max(1, round(seconds)))
         self._previous = None
         self._loop: asyncio.AbstractEventLoop | None = None

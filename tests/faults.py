@@ -1,5 +1,6 @@
-"""A test hook: make one llama_decode call of one context fail, to test that an engine error
-fails only that context's requests. Off unless PAGEDLLAMA_TEST_FAIL_DECODE is set at start-up:
+"""A test app: the server (`server.main:app`) with one llama_decode call of one context made to
+fail, to test that an engine error fails only that context's requests. Run it as
+`uvicorn tests.faults:app` (tests.server_proc.running_server(..., app=FAULTY_APP)) with
 
     PAGEDLLAMA_TEST_FAIL_DECODE=NAME:N    the Nth llama_decode call of context NAME (e.g.
                                           "SmolLM2-135M-Instruct.Q4_1/1:20") returns -1, once
@@ -12,7 +13,10 @@ import logging
 import os
 
 from engine import Worker
+from server.main import app
+from server.service.service import Service
 
+__all__ = ["app"]
 log = logging.getLogger("pagedllama.server")
 ENV = "PAGEDLLAMA_TEST_FAIL_DECODE"
 
@@ -25,7 +29,7 @@ def inject(workers: list[Worker]) -> None:
     for worker in workers:
         if worker.name == name:
             _fail_once(worker, int(nth))
-            log.warning("TEST HOOK %s: llama_decode call %s of context %s will fail", ENV, nth,
+            log.warning("TEST APP %s: llama_decode call %s of context %s will fail", ENV, nth,
                         name)
 
 
@@ -37,3 +41,11 @@ def _fail_once(worker: Worker, nth: int) -> None:
         calls += 1
         return -1 if calls == nth else decode(pieces)
     worker.context.decode = decode_or_fail
+
+
+def _start_then_inject(self: Service, start=Service.start) -> None:
+    start(self)
+    inject(self.workers)
+
+
+Service.start = _start_then_inject

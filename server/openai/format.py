@@ -11,8 +11,8 @@ from typing import Literal, Protocol
 from engine import Request
 from scheduler import FinishReason
 from engine.logprobs import TokenLogprob
-from server.sse import json_data, message
-from server.tools import parse_tool_calls
+from server.http.sse import json_data, message
+from server.openai.tools import parse_tool_calls
 
 Kind = Literal["chat", "completion"]
 
@@ -42,7 +42,7 @@ def usage(reqs: Request | list[Request]) -> dict:
 
 
 class Choice(Protocol):
-    """One choice's collected answer (server.service.Collected)."""
+    """One choice's collected answer (server.service.service.Collected)."""
     index: int
     text: str
     finish_reason: FinishReason

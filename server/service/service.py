@@ -1,72 +1,31 @@
-"""The models this process serves, their contexts (workers), and one request's life cycle."""
+"""One request's life cycle: its prompt rendered and tokenized on the prompt pool (counted by
+admission control), its choices submitted to a context of its model, its events streamed or
+collected, and its end (finished, cancelled when the client leaves, or ended by a drain).
+The models and their contexts are loaded by server/service/models.py."""
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import AsyncIterator
 
 from fastapi import Request as HTTPRequest
 
-from engine import (ChatTemplate, ChatTemplateError, ErrorKind, Event, Model, Observer, QueueFull,
-                    Request, SamplingParams, Worker)
-from engine.embedding import Embedder
-from engine.gguf_info import gguf_facts
+from engine import (ChatTemplateError, ErrorKind, Event, Observer, QueueFull, Request,
+                    SamplingParams, Worker)
 from engine.logprobs import TokenLogprob
-from engine.threads import CoreBudget
 from scheduler import FinishReason
-from scheduler.router import pick_replica
-from server import faults
-from server.config import ModelSpec, Settings, total_threads
-from server.errors import APIError
-from server.prompts import PromptPool, TokenBound
-from server.schemas import SamplingFields
-from server.tools import ToolUse, prompt_input
+from server.config import Settings
+from server.http.errors import APIError
+from server.service.models import LoadedModel, close_models, load_models
+from server.service.prompts import PromptPool
+from server.service.routing import pick_replica
+from server.openai.schemas import SamplingFields
+from server.openai.tools import ToolUse, prompt_input
 
 log = logging.getLogger("pagedllama.request")
 SHUTDOWN = FinishReason.ABORT   # the finish reason of a request a drain ended (ErrorKind.SHUTDOWN)
-
-
-@dataclass
-class LoadedModel:
-    spec: ModelSpec
-    model: Model
-    workers: list[Worker]
-    facts: dict
-    template: ChatTemplate | None
-    embedder: Embedder   # its own llama.cpp context, created on the first /v1/embeddings
-    bound: TokenBound    # a lower bound on a text's tokens, before tokenizing it
-    created: int = field(default_factory=lambda: int(time.time()))
-    preparing: int = 0   # requests rendering / tokenizing their prompt now
-    embed_executor: ThreadPoolExecutor = field(
-        default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="embed"))
-
-    @property
-    def name(self) -> str:
-        return self.spec.name
-
-    @property
-    def max_seq_len(self) -> int:
-        return min(w.max_seq_len for w in self.workers)
-
-    @property
-    def tool_format(self) -> str | None:
-        """How tools reach the prompt (server/tools.py): "template" when the chat template
-        renders them itself, "fallback" when they are described in the system message."""
-        if self.template is None:
-            return None
-        return "template" if self.template.knows_tools else "fallback"
-
-    @property
-    def capacity(self) -> int:
-        """Requests admitted at once (running + queued) before new ones get 429."""
-        return sum(w.config.max_seqs + w.config.max_queue for w in self.workers)
-
-    @property
-    def in_flight(self) -> int:
-        return self.preparing + sum(w.outstanding for w in self.workers)
 
 
 Part = tuple[Worker, Request]   # one prompt's first choice (its forks: the other n - 1) and worker
@@ -137,58 +96,11 @@ class Service:
         self.shutdown_message = ""
 
     def start(self) -> None:
-        loaded: dict[str, Model] = {}
-        bounds: dict[str, TokenBound] = {}
-        budget = self._core_budget()
-        for spec in self.settings.models:
-            key = str(spec.path.resolve())
-            model = loaded.get(key) or Model(spec.path, spec.gpu_layers,
-                                             self.settings.repack_weights)
-            loaded[key] = model
-            bound = bounds.get(key) or TokenBound(model.byte_weights())
-            bounds[key] = bound
-            workers = [Worker(f"{spec.name}/{i}", model, spec.engine, self.observer,
-                              publish_prefixes=spec.contexts > 1,   # for the router
-                              budget=budget)
-                       for i in range(spec.contexts)]
-            faults.inject(workers)
-            template = None
-            if model.chat_template:
-                template = ChatTemplate(model.chat_template, model.token_text(model.bos_id),
-                                        model.token_text(model.eos_id))
-            embedder = Embedder(model, spec.engine.n_ctx, spec.engine.n_threads)
-            lm = LoadedModel(spec, model, workers, gguf_facts(spec.path), template, embedder,
-                             bound)
-            self.models[spec.name] = lm
-            for w in workers:
-                w.incoming = lambda lm=lm: lm.preparing   # a burst starts in one step
-                w.start()
-            log.info("serving %s from %s: %d context(s) x %d threads, n_ctx %d, %d sequences, "
-                     "%s %s KV, %s attention", spec.name, spec.path, spec.contexts,
-                     spec.engine.n_threads, spec.engine.n_ctx, spec.engine.max_seqs,
-                     "unified" if spec.engine.kv_unified else "split", spec.engine.kv_type,
-                     "flash" if workers[0].config.flash_attn else "plain")
-            log.info("%s: tool_format %s", spec.name,   # server/tools.py
-                     self.models[spec.name].tool_format or "none (no chat template)")
-
-    def _core_budget(self) -> CoreBudget | None:
-        """Elastic threads: with several contexts (of one model or several) and a CPU build, a
-        context that computes alone uses the idle ones' threads too (engine/threads.py)."""
-        specs = self.settings.models
-        if (not self.settings.elastic_threads or sum(s.contexts for s in specs) < 2
-                or any(s.gpu_layers for s in specs)):
-            return None
-        return CoreBudget(total_threads(specs))
+        self.models = load_models(self.settings, self.observer)
 
     def stop(self) -> None:
         self.pool.close()
-        for lm in self.models.values():
-            for w in lm.workers:
-                w.stop()
-            lm.embed_executor.shutdown(wait=True, cancel_futures=True)
-            lm.embedder.close()
-        for model in {id(lm.model): lm.model for lm in self.models.values()}.values():
-            model.close()
+        close_models(self.models)
 
     @property
     def workers(self) -> list[Worker]:
@@ -203,7 +115,7 @@ class Service:
 
     # ---- prompts --------------------------------------------------------------------------------
     # Every rendering and tokenization of client text runs here, on the bounded prompt pool
-    # (server/prompts.py): counted by admission control, dropped if the client leaves, and
+    # (server/service/prompts.py): counted by admission control, dropped if the client leaves, and
     # refused without tokenizing when the token bound shows it cannot fit.
     async def chat_prompt(self, lm: LoadedModel, messages: list[dict], max_tokens: int | None,
                           http: HTTPRequest, add_generation_prompt: bool = True,
@@ -270,7 +182,7 @@ class Service:
                  max_tokens: int | None, http: HTTPRequest, grammar: str | None = None) -> Generation:
         """Validate and submit one request (body.n choices of each prompt; choice j of prompt i
         has index i * n + j); the stable entry point for every API surface. `grammar` (an
-        llguidance grammar, see server/structured.py) constrains the output token by token."""
+        llguidance grammar, see server/openai/structured.py) constrains the output token by token."""
         parts: list[Part] = []
         try:
             for i, prompt in enumerate(prompts):

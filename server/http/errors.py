@@ -7,6 +7,7 @@ import logging
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 log = logging.getLogger("pagedllama.server")
@@ -15,6 +16,18 @@ _TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_f
           408: "timeout_error", 413: "invalid_request_error", 422: "invalid_request_error",
           431: "invalid_request_error", 429: "rate_limit_exceeded", 500: "server_error",
           503: "service_unavailable"}
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorResponse(BaseModel):
+    """Every error, in OpenAI's shape (its schema in the OpenAPI document)."""
+    error: ErrorDetail
 
 
 class APIError(Exception):

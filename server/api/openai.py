@@ -1,6 +1,6 @@
 """OpenAI-compatible routes: /v1/chat/completions, /v1/completions, /v1/models. A route turns its
 body into a prompt and an OpenAIFormat; `_respond` runs it (service.generate) and shapes the
-answer (server/openai_format.py)."""
+answer (server/openai/format.py)."""
 from __future__ import annotations
 
 import time
@@ -10,17 +10,18 @@ from typing import AsyncIterator
 
 from fastapi import APIRouter, Request as HTTPRequest
 
-from server.errors import APIError, error_body
-from server.fields import UNSUPPORTED_CHAT, UNSUPPORTED_COMPLETION, check_fields, unsupported
-from server.model_routes import model_object
-from server.openapi import ERROR_RESPONSES, STREAMED
-from server.openai_format import Kind, OpenAIFormat, sse, usage
-from server.schemas import (ChatCompletionRequest, CompletionRequest, SamplingFields,
+from server.http.errors import APIError, error_body
+from server.openai.fields import UNSUPPORTED_CHAT, UNSUPPORTED_COMPLETION, check_fields, unsupported
+from server.api.models import model_object
+from server.http.openapi import ERROR_RESPONSES, STREAMED
+from server.openai.format import Kind, OpenAIFormat, sse, usage
+from server.openai.schemas import (ChatCompletionRequest, CompletionRequest, SamplingFields,
                             UnsupportedContent)
-from server.structured import grammar_for
-from server.tools import parse_tools
-from server.service import Generation, LoadedModel, Service, error_status
-from server.sse import EventStream
+from server.openai.structured import grammar_for
+from server.openai.tools import parse_tools
+from server.service.models import LoadedModel
+from server.service.service import Generation, Service, error_status
+from server.http.sse import EventStream
 
 router = APIRouter(prefix="/v1", responses=ERROR_RESPONSES)
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from server.errors import APIError
+from server.http.errors import APIError
 
 # Accepted and ignored: they label, store or route a request elsewhere, never change its tokens.
 HARMLESS = frozenset({"user", "metadata", "store", "service_tier", "safety_identifier",

@@ -1,6 +1,6 @@
 """What a GPU build of llama.cpp changes, measured in one process (scripts/gpu_check.sh probe).
 
-    python -m engine.tools.gpu_probe [MODEL]
+    python -m benchmarks.tools.gpu_probe [MODEL]
 
 Loads the model twice, all layers offloaded and none, and prints:
 - whether llama.cpp offers GPU offload, and the load time of each;

@@ -8,17 +8,18 @@ import asyncio
 from fastapi import APIRouter, Request as HTTPRequest
 from pydantic import ConfigDict, Field
 
-from server.errors import APIError
-from server.fields import check_fields
-from server.openapi import ERROR_RESPONSES
-from server.schemas import Body, Bool, Int
-from server.service import LoadedModel, Service
+from server.http.errors import APIError
+from server.openai.fields import check_fields
+from server.http.openapi import ERROR_RESPONSES
+from server.openai.schemas import Body, Bool, Int
+from server.service.models import LoadedModel
+from server.service.service import Service
 
 router = APIRouter(responses=ERROR_RESPONSES)
 
 
 class TokenizeRequest(Body):
-    model_config = ConfigDict(extra="allow")   # unknown fields: refused by name (server/fields.py)
+    model_config = ConfigDict(extra="allow")   # unknown fields: refused by name (server/openai/fields.py)
 
     model: str | None = None
     content: str

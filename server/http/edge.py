@@ -8,7 +8,7 @@ HTTP request, in order, without parsing anything:
 4. the body is read with a timeout per read (408 when a client sends less than it announced)
    and a running size check (413 for chunked bodies), then replayed to the app.
 A body left unread by a refusal is discarded by uvicorn's h11 protocol (the connection stays
-open, no reset), under server/protocol.py's time limits. API requests are counted while they
+open, no reset), under server/http/protocol.py's time limits. API requests are counted while they
 run, so the drain knows when they are done.
 """
 from __future__ import annotations
@@ -18,14 +18,14 @@ import hmac
 import json
 
 from server.config import EdgeLimits
-from server.errors import error_body
+from server.http.errors import error_body
 
 OBSERVABILITY = ("/metrics", "/stats", "/dashboard", "/docs", "/docs/oauth2-redirect", "/redoc",
                  "/openapi.json")
 
 
 # Outside /v1/: the other routes behind PAGEDLLAMA_API_KEY (native generation, llama-server's
-# tokenizer routes). /health and the router probes (server/router_info.py) are not API routes:
+# tokenizer routes). /health and the router probes (server/api/router_info.py) are not API routes:
 # open, never refused while draining (a load balancer reads /health's "draining").
 NATIVE_API = frozenset({"/generate_stream", "/tokenize", "/detokenize"})
 

@@ -173,7 +173,7 @@ def probe_load_subprocess(path: str | Path, n_threads: int = 2, timeout: float =
     """probe_load() in a fresh Python process, so earlier models don't pollute RSS or caches."""
     root = Path(__file__).resolve().parents[2]
     env = dict(os.environ, PYTHONPATH=str(root) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    proc = subprocess.run([sys.executable, "-m", "engine.tools.bench", "probe-load", str(path), str(n_threads)],
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.tools.bench", "probe-load", str(path), str(n_threads)],
                           capture_output=True, text=True, cwd=root, env=env, timeout=timeout)
     if proc.returncode != 0:
         raise RuntimeError(f"probe of {path} failed ({proc.returncode}): {proc.stderr[-2000:]}")
@@ -184,4 +184,4 @@ if __name__ == "__main__":
     if len(sys.argv) >= 3 and sys.argv[1] == "probe-load":
         print(json.dumps(probe_load(sys.argv[2], int(sys.argv[3]) if len(sys.argv) > 3 else 2)))
     else:
-        sys.exit("usage: python -m engine.tools.bench probe-load MODEL.gguf [N_THREADS]")
+        sys.exit("usage: python -m benchmarks.tools.bench probe-load MODEL.gguf [N_THREADS]")
