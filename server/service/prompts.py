@@ -1,17 +1,16 @@
 """Prompt preparation, bounded: a cheap lower bound on a text's token count, and a small pool of
 threads for chat-template rendering and tokenization.
 
-Why: llama.cpp's tokenizer is superlinear on text full of special-token strings (measured here:
-"<|im_end|>" x 2,000 in 22 ms, x 6,000 in 133 ms, x 20,000 in 1.2 s; 13,000 chat turns as one
-text, 11.7 s), and it used to run on the default thread pool before the context-length check,
-so eight such prompts delayed everyone by seconds. Now:
+Why: llama.cpp's tokenizer is superlinear on text full of special-token strings (seconds for a
+few hundred kilobytes of them: docs/api.md, "Hostile prompts cost little"), so a few such prompts must neither
+delay other requests nor be tokenized at all when they cannot fit:
 - `TokenBound` rejects a prompt that cannot fit without tokenizing it: each token covers at
   most its own text's length of input, so sum over the text's bytes of 1 / (longest token text
   holding that byte) is at most the token count (Model.byte_weights). One numpy pass.
 - `PromptPool` runs the work on two lanes of one thread each: prompts up to `small_bytes` on
   one, longer ones on the other, so a normal prompt never queues behind a hostile one; each
   lane takes its cheapest job first, and a job whose request has gone (client disconnect) is
-  dropped before it starts. Two threads at most, whatever arrives: the default pool had six.
+  dropped before it starts. Two threads at most, whatever arrives.
 """
 from __future__ import annotations
 
