@@ -8,11 +8,11 @@
 #   scripts/build_cuda_llama.sh              # CUDA_ARCH=90 (H100/H200), JOBS=2
 #
 # A pip install does the same for one machine: CMAKE_ARGS="-DGGML_CUDA=on" pip install
-# llama-cpp-python==0.3.36 (docker/Dockerfile.cuda). This script exists to compile where the
-# cores are free and run where the GPU is lent.
+# llama-cpp-python==0.3.36 (docker/Dockerfile.cuda). This script exists to compile on one
+# machine (no GPU needed) and run on another that has the GPU (docs/gpu.md).
 #
 # The toolkit needs cuBLAS and the driver library to link. A toolkit with neither (nvcc alone,
-# as on this workplace's CPU machines) gets them like this (as root; what was done here):
+# as on a CPU-only build machine) gets them like this (as root):
 #   pip download --no-deps nvidia-cublas==13.0.0.19 -d /tmp/cublas && cd /tmp/cublas && unzip -q *.whl
 #   cp nvidia/cu13/include/*.h /usr/local/cuda/include/
 #   cp nvidia/cu13/lib/libcublas*.so.13 /usr/local/cuda/lib/
