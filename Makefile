@@ -11,7 +11,7 @@ LLAMA_CMAKE_ARGS ?= -DCMAKE_C_FLAGS='$(NO_AMX)' -DCMAKE_CXX_FLAGS='$(NO_AMX)'
 
 .PHONY: setup run test models browser clean cluster image image-router image-run image-stop
 
-# make cluster: replicas on this machine behind sglang-router (README, "Scaling out")
+# make cluster: replicas on this machine behind sglang-router (docs/scaling-out.md)
 REPLICAS      ?= 2
 ROUTER_POLICY ?= cache_aware
 # make image / image-run / image-stop: the CPU image (docker/Dockerfile), podman or docker

@@ -30,7 +30,8 @@ from benchmarks.metrics import stats_ms, write_result
 from engine.llama import Model
 from engine.request import Request
 from engine.sampling import SamplingParams
-from engine.worker import EngineConfig, Worker
+from engine.config import EngineConfig
+from engine.worker import Worker
 from server import config as server_config
 
 DEFAULTS = {"THREADS": "2", "ADAPTIVE_THREADS": "0", "N_CTX": "512"}

@@ -1,6 +1,6 @@
 """Split this process's cores between replicas, so that each replica's llama.cpp threads have
 cores of their own (threads of two processes sharing a core stall each other at llama.cpp's
-barriers: FINDINGS.md, "A busy neighbour stalls llama.cpp's threads")."""
+barriers: docs/shared-machines.md, "Why a busy neighbour stalls llama.cpp")."""
 from __future__ import annotations
 
 import os

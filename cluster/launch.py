@@ -1,7 +1,7 @@
 """A cluster on this machine: N pagedllama replicas (cores split between them, ports of their
 own) and sglang-router in front of them on one port.
 
-Why sglang-router (README, "Scaling out"): it is a maintained Rust router on PyPI whose
+Why sglang-router (docs/scaling-out.md, "The router: sglang-router"): it is a maintained Rust router on PyPI whose
 `cache_aware` policy keeps an approximate radix tree of the prompts it sent to each worker and
 sends a request to the worker with the longest match (above `cache_threshold`), falling back
 to the least loaded worker when the load is out of balance; it also has `round_robin`,

@@ -1,11 +1,11 @@
-"""The only package that imports llama_cpp: models, contexts, sampling, the step loop, and
-(benchmarks.tools) the measurement tooling of benchmarks/ and experiments/."""
+"""The only runtime package that imports llama_cpp: models, contexts, sampling, the step loop."""
 from engine.chat import ChatTemplate, ChatTemplateError
 from engine.llama import Context, ContextConfig, Model, llama_cpp_version
 from engine.sampling import Sampler, SamplingParams
 from engine.request import ErrorKind, Event, Request
 from engine.stats import ContextStats
-from engine.worker import EngineConfig, Observer, QueueFull, Worker
+from engine.config import EngineConfig
+from engine.worker import Observer, QueueFull, Worker
 
 __all__ = ["ChatTemplate", "ChatTemplateError", "Context", "ContextConfig", "ContextStats",
            "EngineConfig", "ErrorKind", "Event", "Model", "Observer", "QueueFull", "Request", "Sampler",

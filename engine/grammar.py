@@ -2,9 +2,9 @@
 
 A constraint is an llguidance grammar (a string): from a JSON schema, a GBNF grammar (llama.cpp's
 format, translated to Lark by llguidance) or a Lark grammar. Each step a request's matcher
-computes the set of tokens that keep the output in the language (a bitmask over the vocabulary,
-~0.3 ms for SmolLM2's 49k tokens where llama.cpp's own grammar sampler took 9-15 ms: README,
-"Cost of constrained decoding"); disallowed tokens get -inf on a copy of the sequence's logits,
+computes the set of tokens that keep the output in the language (a bitmask over the vocabulary:
+a fraction of llama.cpp's own grammar sampler's cost, docs/measurement-log.md, "Cost of
+constrained decoding"); disallowed tokens get -inf on a copy of the sequence's logits,
 so whichever sampler runs next (the greedy argmax or a llama.cpp chain) only sees allowed tokens,
 and the chosen token is then fed back to the matcher. When no token is allowed (a grammar dead
 end) `mask` says so and the worker ends the request with "stop". When the grammar is complete

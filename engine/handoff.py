@@ -4,18 +4,12 @@ GIL in the middle of the worker's step.
 `loop.call_soon_threadsafe` queues the callback and wakes the loop by writing a byte to its
 self-pipe with `socket.send`, which releases the GIL around the system call. The loop, woken by
 that byte, takes the GIL at once and streams the step's tokens (SSE framing, h11, the socket
-write: ~0.3 ms a token) while the worker waits to get the GIL back before it can plan and start
-the next `llama_decode`. Measured with timers around the hand-off (1 stream): 358 µs a step in
-`call_soon_threadsafe`, of which py-spy saw ~30 µs running. `hand_over` queues the callback the
-same way but writes the byte through libc's `write` called via `ctypes.PyDLL`, whose calls keep
-the GIL: the loop wakes, waits for the GIL, and gets it when the worker releases it, i.e. when
-the next `llama_decode` starts (or the worker goes idle). The loop's work then runs beside the
-decode instead of before it. `benchmarks.paired`, 1 stream, 10 pairs a run, against
-`call_soon_threadsafe`: 1.056x and 1.076x (a first version), 1.001x and 1.014x (this one), the
-orders swapped between runs; TPOT p50 1-4 % lower in all four (e.g. 15.4 vs 16.0 ms). Two
-identical servers give 1.000x with a spread of +-3-4 %, so the throughput gain is within a run's
-noise, and the lower TPOT is what repeats. 4 streams: 0.967x and 1.073x (6 pairs each). The
-hand-off itself: 0.20 against 0.63 ms a step (`/health` `step_ms.deliver_s`).
+write) while the worker waits to get the GIL back before it can plan and start the next
+`llama_decode`. `hand_over` queues the callback the same way but writes the byte through libc's
+`write` called via `ctypes.PyDLL`, whose calls keep the GIL: the loop wakes, waits for the GIL,
+and gets it when the worker releases it, i.e. when the next `llama_decode` starts (or the
+worker goes idle). The loop's work then runs beside the decode instead of before it (the
+measured effect: docs/measurement-log.md, "Where the hand-off's time goes").
 
 Only asyncio's selector loops (its default; uvicorn runs one unless uvloop is installed) have
 the self-pipe this uses; any other loop (uvloop) gets `call_soon_threadsafe`.

@@ -121,8 +121,8 @@ def use_reference_attention(ctx_ptr) -> int | None:
     decoding alone past ~256 tokens of context) and computes 64 or more query rows of one
     sequence in tiles: other numbers than row by row, so answers would depend on what else
     runs and on the thread count. The flag also turns off ggml's op fusion and its tiled
-    matmul for K-quant weights (Model.has_k_quants): no change in a logit measured, no change
-    in speed for SmolLM2's Q4_1, much slower batches for Gemma 3's Q4_K_M. Returns the
+    matmul for K-quant weights (Model.has_k_quants): it changes no logit, but makes batches of
+    K-quant models much slower (docs/prefix-cache.md, "Attention kernels"). Returns the
     backend's address (claimed for this context), None if it was not found."""
     backend = cpu_backend_of(ctx_ptr)
     if backend is not None:
@@ -138,7 +138,7 @@ class Model:
         """`repack`: let llama.cpp copy weights into its repacked CPU layouts (Q4_0, Q4_K,
         IQ4_NL, ... on this CPU). Off by default: repacked weights are multiplied by one kernel
         below 4 rows of input and by another from 4 up, so a sequence's logits would depend on
-        how many others decode beside it (measured: Gemma 3 270M Q4_K_M's greedy answers)."""
+        how many others decode beside it (docs/prefix-cache.md, "Weight layouts")."""
         init_backend()
         self.path = Path(path)
         if not self.path.is_file():
@@ -171,8 +171,8 @@ class Model:
     def has_k_quants(self) -> bool:
         """Is this a K-quant or IQ file (Q4_K_M, Q6_K, IQ4_XS, ...; unknown counts as yes)? ggml
         multiplies such weights with its tiled matmul from 8 rows of input, a kernel that the
-        reference path (use_reference_attention) turns off: measured on Gemma 3 270M Q4_K_M,
-        a 16-token decode step 116 vs 81 ms, a 256-token prompt 790 vs 577 ms."""
+        reference path (use_reference_attention) turns off, so batches of such a model are
+        much slower with flash attention (docs/prefix-cache.md, "Attention kernels")."""
         try:
             name = gguf.LlamaFileType(int(self.file_type)).name
         except (TypeError, ValueError):
@@ -286,7 +286,7 @@ class Context:
         params.no_perf = True
         # A model kept on the CPU stays there: without this a GPU build still copies the weights
         # of large batches' matrix products to the GPU (llama.cpp's op offload), whose kernels
-        # make a sequence's logits depend on the batch (README, GPU)
+        # make a sequence's logits depend on the batch (docs/gpu.md)
         params.op_offload = model.on_gpu
         self.ptr = C.llama_init_from_model(model.ptr, params)
         if not self.ptr:

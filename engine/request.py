@@ -36,25 +36,34 @@ class Event:
 
 
 @dataclass(eq=False)
+class RequestState:
+    """What the worker owns of a request: written on its thread only. The event loop reads it
+    once the request's events say it is there (a first token, the end)."""
+    seq: Sequence | None = None
+    sampler: Sampler | None = None
+    stream: TextStream | None = None
+    first_token_time: float | None = None
+    last_token_time: float | None = None
+    finish_time: float | None = None
+    finish_reason: FinishReason | None = None
+    prompt_logprobs: list[TokenLogprob] | None = None   # when asked (the first: logprob None)
+
+
+@dataclass(eq=False)
 class Request:
+    """One choice of one prompt, as the HTTP side asks for it (set when it is made, and `loop`
+    and `queue` when it is submitted), and in `state` what the worker makes of it."""
     prompt: list[int]
     params: SamplingParams
     priority: int = 0
     timeout: float | None = None
     id: int = field(default_factory=lambda: next(_request_ids))
-    loop: asyncio.AbstractEventLoop | None = None
-    queue: asyncio.Queue | None = None
-    seq: Sequence | None = None
-    sampler: Sampler | None = None
-    stream: TextStream | None = None
     arrival_time: float = field(default_factory=time.monotonic)
-    first_token_time: float | None = None
-    last_token_time: float | None = None
-    finish_time: float | None = None
-    finish_reason: FinishReason | None = None
     index: int = 0                     # choice index; its events carry it
     forks: list["Request"] = field(default_factory=list)   # n > 1: the other choices, forked
-    prompt_logprobs: list[TokenLogprob] | None = None   # when asked (the first: logprob None)
+    loop: asyncio.AbstractEventLoop | None = None
+    queue: asyncio.Queue | None = None
+    state: RequestState = field(default_factory=RequestState)
 
     @property
     def group(self) -> list["Request"]:
@@ -63,15 +72,21 @@ class Request:
 
     @property
     def num_output(self) -> int:
-        return self.seq.num_output if self.seq else 0
+        seq = self.state.seq
+        return seq.num_output if seq else 0
 
     @property
     def num_cached(self) -> int:
-        return self.seq.num_cached_tokens if self.seq else 0
+        seq = self.state.seq
+        return seq.num_cached_tokens if seq else 0
+
+    @property
+    def finish_reason(self) -> FinishReason | None:
+        return self.state.finish_reason
 
     @property
     def finished(self) -> bool:
-        return self.finish_reason is not None
+        return self.state.finish_reason is not None
 
 
 # What the event loop puts in a worker's inbox.

@@ -3,25 +3,17 @@ without penalties is `draw` (numpy: top-k, top-p, min-p, temperature, one catego
 repetition/presence/frequency penalties need the token history and go through a llama.cpp
 sampler chain. A grammar, when given, masks the logits before any of them (engine/grammar.py).
 
-Why numpy and not llama.cpp's chain for plain sampling: the chain builds and scans a
-49,152-entry candidate array per token in scalar code. Measured here on SmolLM2's logits: 0.53 ms
-a token at temperature 1 (0.61 with top-p 0.95) against 0.09 ms for `draw` (0.29 with top-p;
-0.05-0.6 ms on synthetic peaked to flat distributions). The worker samples every running
-sequence between two decodes, so at 16 streams the chain took ~8 ms of every step. `draw`
-keeps the chain's order and meaning: top-k, then top-p and min-p on the probabilities at
-temperature 1, then temperature over what is left.
+Why numpy and not llama.cpp's chain for plain sampling: the chain builds and scans a candidate
+array over the whole vocabulary per token in scalar code, several times what `draw` costs, and
+the worker samples every running sequence between two decodes (docs/measurement-log.md has the
+figures). `draw` keeps the chain's order and meaning: top-k, then top-p and min-p on the
+probabilities at temperature 1, then temperature over what is left.
 
-A draw right after `llama_decode` costs ~3 times what the same draw costs in a loop over saved
-logits: the decode has streamed ~90 MB of weights through the caches, so every pass over the
-vocabulary, and numpy's own code, starts cold. What counts is how many passes over the whole
-vocabulary a draw makes, and how many numpy calls: each cut-off passes over the vocabulary once
-or twice and then works on the tokens near the top (`_kept`), and where a few dozen tokens are
-left (top-k 40, a narrow nucleus) the rest is plain Python (`_cut_small`, `_pick`). Served, 1
-stream, `/health` `sample_s` a step (the draw plus the step's other per-token work, 0.26-0.29
-ms greedy), before these changes and after: top-k 40 0.79 and 0.47-0.51 ms, top-p 0.95 1.23
-and 0.94-1.18, llama-server's defaults (top-k 40, top-p 0.95, min-p 0.05) 0.89 and 0.60-0.69,
-no cut-off 0.59 and 0.52-0.53; at 16 streams with llama-server's defaults 5.4-5.9 and 3.0-3.1
-ms a step."""
+A draw right after `llama_decode` runs on cold caches (the decode has streamed the weights
+through them), so what counts is how many passes over the whole vocabulary a draw makes and how
+many numpy calls: each cut-off passes over the vocabulary once or twice and then works on the
+tokens near the top (`_kept`), and where a few dozen tokens are left (top-k 40, a narrow
+nucleus) the rest is plain Python (`_cut_small`, `_pick`)."""
 from __future__ import annotations
 
 import ctypes

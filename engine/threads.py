@@ -1,8 +1,8 @@
 """Contention-aware thread counts: fewer llama.cpp threads while other processes keep our cores
 busy, all of them again when they leave.
 
-Why (FINDINGS.md, "A busy neighbour stalls llama.cpp's threads"): llama.cpp's threads meet at a
-barrier after every graph op. When one of them shares its core with another runnable thread, the
+Why (docs/shared-machines.md, "Why a busy neighbour stalls llama.cpp"): llama.cpp's threads
+meet at a barrier after every graph op. When one of them shares its core with another runnable thread, the
 kernel deschedules it for a whole time slice and every other thread waits at the next barrier:
 next to ONE busy process, 2 threads on 2 cores fell from 138 to 1.4 tok/s, while 1 thread kept
 its full 1-thread speed (~90 tok/s). One thread has no barriers.
@@ -172,9 +172,9 @@ class CoreBudget:
     both at llama.cpp's barriers). `idle` marks a context without work.
 
     Why: one context with all the threads serves one request fastest; one 1-thread context per
-    core serves many faster (no barriers between threads; README, "One context with all
-    threads, or replicas?"). Lending idle contexts' threads gives each load the better of the
-    two."""
+    core serves many faster (no barriers between threads; docs/scaling-out.md, "One context
+    or replicas on one machine"). Lending idle contexts' threads gives each load the better of
+    the two."""
 
     def __init__(self, total: int):
         self.total = total

@@ -113,7 +113,8 @@ def per_position(mode_runs: list[dict]) -> dict:
 def agreement(runs: dict) -> list[int | None]:
     """Per repeat: the first position where the two modes chose different tokens (None: none).
     Step 0 is the same computation in both; later steps differ in how the context is split
-    into llama_decode calls, which may change logits slightly (see FINDINGS.md)."""
+    into llama_decode calls, which may change logits slightly (docs/prefix-cache.md, "Exact
+    answers")."""
     firsts = []
     for on, off in zip(runs["on"], runs["off"]):
         diff = [i for i, (a, b) in enumerate(zip(on["tokens"], off["tokens"])) if a != b]

@@ -9,23 +9,20 @@ blocks form chains and a chain's ancestors are evicted only after its descendant
 evicting a holder's block trims its cells back to the end of the nearest ancestor it owns, since
 the blocks between (shared from another seq id, or twins swapped for its own) are not its to keep.
 Eviction takes the least recently released leaf from a LeafQueue kept in that order as blocks are
-released, referenced again and gain or lose cached children: O(1) amortised, where scanning every
-unreferenced block for the first leaf cost up to 1.4 ms at 100k cached blocks (benchmarks.evict).
+released, referenced again and gain or lose cached children: O(1) amortised.
 
 A new sequence whose prompt starts with cached blocks gets them by CopyOp (llama_memory_seq_cp
 from the owner of the last matched block, which holds the whole chain): zero-copy in a unified
 KV cache, a stream copy with split KV (share_cells=False). With split KV a finished sequence
 moves its cached blocks to the highest free seq id, so running sequences keep low, contiguous
-ids (llama.cpp batches only consecutive seq ids of split streams into one ubatch). Reuse stops on
-a multiple of `reuse_grid`: by default `prefill_chunk`, so that a cached prompt is computed in
-exactly the same pieces as a cold one (for kernels whose numbers depend on the cut); the worker
-sets a block boundary, since its kernels compute the same numbers for any cut of a prompt into
-pieces of 2 or more tokens (README "Exact answers"), and
-the scheduler then keeps the rest of the prompt at 2 tokens or more unless a cold run computes
-its last token alone too. On blocks, a hit may also end inside one: past its last matched block,
-the cached block that continues it with the most of the prompt's next tokens lends those cells
-(one copy from its owner, which holds the whole chain), so a prompt reuses what it shares to the
-token, as llama-server's slots do (a chat template's head rarely ends on a block boundary).
+ids (llama.cpp batches only consecutive seq ids of split streams into one ubatch). A hit may end
+on any token: the engine's kernels compute the same numbers for any cut of a prompt into pieces
+of 2 or more tokens (docs/prefix-cache.md, "Exact answers"), and the scheduler keeps the rest of
+the prompt at 2 tokens or more unless a cold run computes its last token alone too. Past its
+last matched block, the cached block that continues it with the most of the prompt's next tokens
+lends those cells (one copy from its owner, which holds the whole chain), so a prompt reuses
+what it shares to the token, as llama-server's slots do (a chat template's head rarely ends on a
+block boundary).
 
 A live sequence's block table is one cached chain (each cached block's parent is the block before
 it) followed by uncached blocks. A block computed twice at once, or restored over its own cached
@@ -53,14 +50,12 @@ from kvcache.leaves import LeafQueue
 class BlockManager:
     def __init__(self, num_blocks: int, *, block_size: int = 16, num_seq_ids: int = 64,
                  prefix_caching: bool = True, prefill_chunk: int | None = None,
-                 share_cells: bool = True, reuse_grid: int | None = None):
+                 share_cells: bool = True):
         prefill_chunk = prefill_chunk or block_size
-        reuse_grid = reuse_grid or prefill_chunk
-        if prefill_chunk % block_size or reuse_grid % block_size:
-            raise ValueError(f"prefill chunk {prefill_chunk} and reuse grid {reuse_grid} must be "
-                             f"multiples of block size {block_size}")
+        if prefill_chunk % block_size:
+            raise ValueError(f"prefill chunk {prefill_chunk} must be a multiple of block size "
+                             f"{block_size}")
         self.block_size, self.prefill_chunk = block_size, prefill_chunk
-        self.reuse_grid = reuse_grid   # reuse ends on a multiple of this (see the docstring)
         self.prefix_caching = prefix_caching
         self.share_cells = share_cells
         self.blocks = [Block(i) for i in range(num_blocks)]
@@ -207,7 +202,6 @@ class BlockManager:
         another sequence computed since this one opened). Returns the number of tokens gained."""
         start = len(alloc.blocks)
         if (not self.prefix_caching or start * self.block_size != num_computed
-                or num_computed % self.reuse_grid
                 or (start and alloc.blocks[-1].hash is None)):   # the table's chain ended
             return 0
         hit = self._match(alloc.hashes, tokens, start, max_reuse)
@@ -343,8 +337,7 @@ class BlockManager:
     # ---- internals ----------------------------------------------------------------------------
     def _match(self, hashes: list[int], tokens: Sequence[int], start: int,
                max_reuse: int) -> list[Block]:
-        """Cached blocks for hashes[start:], cut so the reuse ends on a multiple of reuse_grid
-        and is <= max_reuse."""
+        """Cached blocks for hashes[start:], as many as keep the reuse <= max_reuse."""
         if not self.prefix_caching:
             return []
         bs, hit = self.block_size, []
@@ -353,20 +346,18 @@ class BlockManager:
             if block is None or block.tokens != tuple(tokens[i * bs:(i + 1) * bs]):
                 break
             hit.append(block)
-        grid = self.reuse_grid
-        end = min((start + len(hit)) * bs, max_reuse) // grid * grid
-        return hit[:max(0, end // bs - start)]
+        end = min((start + len(hit)) * bs, max_reuse) // bs
+        return hit[:max(0, end - start)]
 
     def _partial(self, hit: list[Block], tokens: Sequence[int],
                  max_reuse: int) -> tuple[Block | None, int]:
-        """A hit that ends inside a block (only where reuse is on blocks, reuse_grid ==
-        block_size: any cut of a prompt computes the same numbers there): the cached block that
-        continues `hit` with the most of our next tokens, and how many (1 to block_size - 1,
-        within max_reuse). Its owner holds the whole chain, so one copy from it brings them.
-        The partial block itself stays the new sequence's own: it is neither referenced nor
-        shared. Reuse does not end one token before a prefill grid line, where the next piece
-        would be a single token (other numbers; see the scheduler)."""
-        if not self.prefix_caching or self.reuse_grid != self.block_size:
+        """A hit that ends inside a block: the cached block that continues `hit` with the most of
+        our next tokens, and how many (1 to block_size - 1, within max_reuse). Its owner holds
+        the whole chain, so one copy from it brings them. The partial block itself stays the
+        new sequence's own: it is neither referenced nor shared. Reuse does not end one token
+        before a prefill grid line, where the next piece would be a single token (other
+        numbers; see the scheduler)."""
+        if not self.prefix_caching:
             return None, 0
         bs, grid = self.block_size, self.prefill_chunk
         p = len(hit) * bs
@@ -480,7 +471,7 @@ class BlockManager:
             # higher id was free). Move that holder to the free id and run the new sequence on
             # the gap, so live ids stay contiguous: llama.cpp puts only consecutive seq ids of
             # split streams in one micro-batch, and a decode step over ids {0, 1, 2, 30} is two
-            # graph computations (measured: 51 instead of 37 ms a step for 4 streams).
+            # graph computations, each streaming the weights.
             owned = [b for b in self.blocks if b.owner == gap and b.hash is not None]
             if not owned:
                 return seq_id

@@ -5,43 +5,31 @@ that is generating, then prompt chunks for sequences still prefilling, then admi
 sequences while sequence slots, seq ids, KV blocks and budget last. It thinks in "tokens computed
 so far": a running sequence needs tokens[num_computed:], and a decode is just one pending token.
 
-Prompt chunks are aligned: with C = the manager's prefill_chunk, a step computes at most one chunk
-[kC, (k+1)C) of a sequence's tokens (or the tail), so the pieces a prompt is computed in never
-depend on what else runs, and prefix-cache reuse (which ends on a multiple of C) gives
-bit-identical results. With merge_cells (where any cut into pieces of 2+ tokens computes the
-same numbers: every kernel the worker uses, README "Exact answers") a piece may span cells, and
-a hit may end on any token; _max_reuse keeps the 1-token-tail rule either way.
+Invariants the engine's exactness rests on (docs/prefix-cache.md, "Exact answers"): the
+engine's kernels compute the same numbers for any cut of a prompt into pieces of 2 or more
+tokens, and other numbers for a token computed as a piece of its own. So a prompt piece may span
+any number of grid cells, but a prompt never leaves a 1-token piece where a cold run has none
+(`_max_reuse`, `_merged_end`): a cached answer is then bitwise the cold answer.
 
-Waves (wave_batch_tokens, off when it is not above max_batch_tokens): when more than
-few_decoding prompts want computing, at least wave_ratio times as many as the decoding streams
-(nothing decodes, or a burst of requests arrived beside a few streams), and all of them fit
-wave_batch_tokens, the step takes them all, whole: their streams get their first tokens
-together, decode in step, finish together, and their clients' next requests come back together
-as the next wave. Without it the first prompts of a burst decode beside the later ones'
-chunks, and every stream's steps carry some other prompt's chunk for the rest of the run
-(measured at 16 closed-loop streams: ITL p50 1.25-1.33x llama-server's, whose 2,048-token
-batches keep its streams in waves). The few streams beside a wave wait one long step; many
-streams beside one prompt never do (below).
+How many prompt tokens a step takes (docs/scheduling.md): while nothing decodes, the whole
+budget; while sequences decode, one grid cell (prefill_chunk) for every sequence that wants a
+prompt chunk, so the decoding streams' steps are no longer, given in policy order so that the
+first prompts finish steps earlier; a sequence waiting on another's in-flight blocks lends its
+share to that one. While only a few sequences decode (few_decoding), a prompt with at most
+finish_piece tokens left computes them in one piece: a few streams lose less to one longer step
+than the prompt saves.
 
-How many prompt tokens a step takes (_prefill_allowance): while nothing decodes, the whole
-budget. While sequences decode, one chunk for every sequence that wants a prompt chunk, which is
-what "one cell per sequence per step" would give, so the decoding streams' steps are no longer;
-but with merge_cells those tokens go to the prompts in policy order, each taking as much of its
-own as it can, so the first prompts finish steps earlier instead of all finishing together in
-the last step. A sequence waiting on another's in-flight blocks gives its chunk to that one. A
-prompt that finished early keeps lending its chunk while the prompts that were still being
-computed then are: so the last of them finishes no later than with one cell each. While only a
-few sequences decode (few_decoding), a prompt with at most finish_piece tokens left computes
-them in one piece, beside what the others take: on a CPU a prompt token costs ~25 % less in a
-piece of 128 than in pieces of 16, and a few streams lose less to one longer step than the
-prompt saves (README, Performance, session 14). A long prompt still goes a cell a step until
-its last piece, so the streams beside it keep their short steps.
+Waves (wave_batch_tokens above max_batch_tokens): when more than few_decoding prompts want
+computing, at least wave_ratio times as many as the decoding streams, and all fit
+wave_batch_tokens, the step takes them all, whole: their streams decode in step and finish
+together, and their clients' next requests come back together as the next wave (the worker
+waits a moment for them: engine/gather.py).
 
 n > 1 is one prefill and a fork: the choices after the first wait (pending forks, never admitted
-by themselves) while the first computes the prompt; when it has, `fork` starts each from a copy
-of its KV, to sample from the same logits. Admission counts a sequence's pending forks as slots
-and promises blocks for them. A fork that finds no room, or whose first ended before forking
-(cancelled, expired), becomes an ordinary waiting sequence that computes the prompt itself.
+by themselves) while the first computes the prompt; then `fork` starts each from a copy of its
+KV, to sample from the same logits. Admission counts a sequence's pending forks as slots and
+promises blocks for them. A fork that finds no room, or whose first ended before forking,
+becomes an ordinary waiting sequence that computes the prompt itself.
 """
 from __future__ import annotations
 
@@ -50,7 +38,7 @@ from dataclasses import dataclass, field
 
 from kvcache import BlockManager, KVOp
 from scheduler.policy import Policy
-from scheduler.sequence import FinishReason, Sequence, Status
+from scheduler.sequence import FinishReason, Preemption, Sequence, Status
 
 
 @dataclass
@@ -77,7 +65,7 @@ class Chunk:
 WAVE_RATIO = 2.0
 
 # While at most FEW_DECODING sequences decode, a prompt with at most FINISH_PIECE tokens left
-# computes them in one piece (with merge_cells; module doc).
+# computes them in one piece (module doc).
 FEW_DECODING = 4
 FINISH_PIECE = 128
 
@@ -104,19 +92,19 @@ class StepPlan:
 
 class Scheduler:
     def __init__(self, manager: BlockManager, policy: Policy, *, max_seqs: int = 16,
-                 max_batch_tokens: int = 256, preemption: str = "swap",
-                 merge_cells: bool = False, wave_batch_tokens: int = 0,
+                 max_batch_tokens: int = 256, preemption: Preemption | str = Preemption.SWAP,
+                 wave_batch_tokens: int = 0,
                  wave_ratio: float = WAVE_RATIO,
                  few_decoding: int = FEW_DECODING, finish_piece: int = FINISH_PIECE):
         if max_batch_tokens < max_seqs + manager.prefill_chunk:
             raise ValueError(f"max_batch_tokens ({max_batch_tokens}) must be at least max_seqs "
                              f"({max_seqs}) + prefill chunk ({manager.prefill_chunk})")
-        if preemption not in ("swap", "recompute"):
+        if preemption not in set(Preemption):
             raise ValueError("preemption must be 'swap' or 'recompute'")
         self.manager, self.policy = manager, policy
-        self.max_seqs, self.max_batch_tokens, self.preemption = max_seqs, max_batch_tokens, preemption
+        self.max_seqs, self.max_batch_tokens = max_seqs, max_batch_tokens
+        self.preemption = Preemption(preemption)
         self.wave_batch_tokens, self.wave_ratio = wave_batch_tokens, wave_ratio   # module doc
-        self.merge_cells = merge_cells   # see _merged_end
         self.few_decoding, self.finish_piece = few_decoding, finish_piece
         self.waiting: list[Sequence] = []
         self.running: list[Sequence] = []
@@ -211,7 +199,7 @@ class Scheduler:
             for h in chunk.claims:
                 if self.inflight.get(h) is seq:
                     del self.inflight[h]
-        if self.merge_cells and done:
+        if done:
             wanting = {s for s in self.running if not s.is_decoding}
             for seq in done:
                 if wanting:
@@ -258,8 +246,8 @@ class Scheduler:
             waits_on &= wanting
             if not waits_on or lender.status is not Status.RUNNING:
                 del self.lending[lender]
-        if not self.merge_cells or not plan.chunks:
-            return None   # one cell per sequence, or nothing decodes: only the budget limits
+        if not plan.chunks:
+            return None   # nothing decodes: only the budget limits
         chunk = self.manager.prefill_chunk
         free = self.max_seqs - self._slots_used()
         admissible = min(max(free, 0), sum(1 for s in self.waiting if s.fork_of is None))
@@ -285,7 +273,7 @@ class Scheduler:
         end = self._cell_end(seq)
         if end - start > budget:
             return False
-        if self.merge_cells and not seq.prompt_logits:
+        if not seq.prompt_logits:
             end = self._merged_end(seq, start, end, budget)
         claims = self._claims(seq, start, end)
         if claims is None or not self._plan(seq, end - start, plan, claims):
@@ -302,10 +290,9 @@ class Scheduler:
     def _merged_end(self, seq: Sequence, start: int, end: int, budget: int) -> int:
         """Several grid cells of one prompt in one piece, as far as the budget (and while
         sequences decode, the allowance) reaches. Exact because any cut of a prompt into pieces
-        of 2 or more tokens computes the same numbers (../shared/FINDINGS.md; flash attention
-        through ggml's reference path, engine/llama.py), so a piece may span cells as long as a
-        1-token tail stays a piece of its own, as it is on the grid (a cache hit can leave
-        exactly that token)."""
+        of 2 or more tokens computes the same numbers (module doc), so a piece may span cells
+        as long as a 1-token tail stays a piece of its own, as it is on the grid (a cache hit
+        can leave exactly that token)."""
         n, chunk = len(seq.tokens), self.manager.prefill_chunk
         limit = min(n, start + budget)
         if limit == n and n % chunk != 1:
@@ -316,8 +303,7 @@ class Scheduler:
         """How many leading tokens may come from the prefix cache: all but two, unless a cold run
         computes the last token alone (n % C == 1), then all but that one (it must be computed
         for its logits). A 1-token piece computes other numbers than the same token inside a
-        longer piece, so a hit must not leave one where a cold run has none. (With reuse on the
-        prefill grid the two limits reuse the same blocks; off the grid only the first is exact.)"""
+        longer piece, so a hit must not leave one where a cold run has none."""
         n = len(seq.tokens)
         return n - 1 if n % self.manager.prefill_chunk == 1 else n - 2
 
@@ -437,7 +423,7 @@ class Scheduler:
             plan.chunks.remove(chunk)
             self._release_claims(chunk.claims, seq)
         self.running.remove(seq)
-        if self.preemption == "swap" and seq.num_computed > 0:
+        if self.preemption is Preemption.SWAP and seq.num_computed > 0:
             seq.saved_key = self.manager.save(seq.alloc)
         else:
             seq.num_computed, seq.hashes = 0, None

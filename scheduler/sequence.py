@@ -27,6 +27,13 @@ class FinishReason(StrEnum):
     ERROR = "error"        # the context failed
 
 
+class Preemption(StrEnum):
+    """What preempting a running sequence does with its KV: saves it to RAM (restored when the
+    sequence runs again) or drops it (the sequence computes it again)."""
+    SWAP = "swap"
+    RECOMPUTE = "recompute"
+
+
 @dataclass(eq=False)
 class Sequence:
     """tokens = prompt + generated; num_computed = tokens whose KV is in the context.

@@ -201,17 +201,18 @@ class MetricsObserver(Observer):
     def on_token(self, worker: Worker, req: Request, now: float) -> None:
         m = self._of(worker)
         m.generation_tokens.inc()
-        if req.last_token_time is None:            # the first token: the prefill is done
+        state = req.state
+        if state.last_token_time is None:          # the first token: the prefill is done
             ttft = now - req.arrival_time
             m.prompt_tokens.inc(len(req.prompt))
             m.ttft.observe(ttft)
-            scheduled = req.seq.first_scheduled_time if req.seq else None
+            scheduled = state.seq.first_scheduled_time if state.seq else None
             if scheduled is not None:
                 m.queue_time.observe(max(0.0, scheduled - req.arrival_time))
             self.window.first_token(now, ttft)
             self.window.token(now, None)
         else:
-            itl = now - req.last_token_time
+            itl = now - state.last_token_time
             m.itl.observe(itl)
             self.window.token(now, itl)
 
@@ -219,8 +220,8 @@ class MetricsObserver(Observer):
         m = self._of(worker)
         reason = str(req.finish_reason or "unknown")
         (m.success.get(reason) or self.request_success.labels(model_of(worker), reason)).inc()
-        if req.finish_time is not None:
-            m.e2e.observe(req.finish_time - req.arrival_time)
+        if req.state.finish_time is not None:
+            m.e2e.observe(req.state.finish_time - req.arrival_time)
 
     # ---- readers (event loop) ------------------------------------------------------------------
     def stats(self) -> dict:

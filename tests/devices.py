@@ -3,7 +3,7 @@
 The exactness tests check a CPU fact: ggml's CPU kernels (on the paths the engine picks) give a
 sequence the same logits whatever else is in the batch, so prefix caching, batching and n > 1
 never change a greedy answer. A CUDA build does not: on an H200 one sequence's logits moved by
-up to 1.23 beside 15 others with every layer on the GPU (scripts/gpu_check.sh; README "GPU").
+up to 1.23 beside 15 others with every layer on the GPU (scripts/gpu_check.sh; docs/gpu.md).
 With PAGEDLLAMA_GPU_LAYERS=0 the models stay on the CPU, llama.cpp's op offload included
 (engine.llama.Context), and the exactness tests run there too (on an H100: 0 apart; with the
 op offload on, 1.39). Some other tests time a premise that holds where the model computes on
@@ -22,7 +22,7 @@ ON_GPU = GPU_BUILD and TEST_GPU_LAYERS != 0
 
 cpu_exact = pytest.mark.skipif(
     ON_GPU, reason="exact answers are a property of ggml's CPU kernels; on the GPU a sequence's "
-                   "logits depend on what decodes beside it (README, GPU)")
+                   "logits depend on what decodes beside it (docs/gpu.md)")
 cpu_timing = pytest.mark.skipif(
     GPU_BUILD, reason="the premise is CPU speed (a long prefill, compute-bound steps); on a GPU "
-                      "those steps take milliseconds (README, GPU)")
+                      "those steps take milliseconds (docs/gpu.md)")

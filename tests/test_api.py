@@ -7,7 +7,7 @@ import httpx
 import openai
 import pytest
 
-from engine.worker import DEVICE_DEFAULTS
+from engine.config import DEVICE_DEFAULTS
 from tests.devices import ON_GPU, cpu_exact
 
 QUESTIONS = ["What is the capital of France?", "Write a haiku about the sea.",
@@ -61,7 +61,7 @@ def test_models_lists_the_loaded_model(client, model_name):
 def test_health_says_the_model_is_loaded(server_url, model_name):
     body = health(server_url)
     assert body["status"] == "ok" and body["models"][model_name]["loaded"] is True
-    model = body["models"][model_name]   # the kernel and cache the defaults give (README)
+    model = body["models"][model_name]   # the kernel and cache the defaults give (docs/configuration.md)
     assert (model["flash_attn"], model["kv_type"], model["kv_unified"]) == (True, "f16", False)
     # every layer on the GPU by default with a GPU build, none with PAGEDLLAMA_GPU_LAYERS=0
     assert model["on_gpu"] is ON_GPU

@@ -72,8 +72,9 @@ async def _events(svc: Service, worker: Worker, req: Request,
         if event.text:
             yield message(json_data({"text": event.text}), "token")
         if event.finish_reason:
-            ttft = req.first_token_time - req.arrival_time if req.first_token_time else None
+            state = req.state
+            ttft = state.first_token_time - req.arrival_time if state.first_token_time else None
             yield message(json.dumps({
                 "finish_reason": event.finish_reason, "prompt_tokens": len(req.prompt),
                 "completion_tokens": req.num_output, "cached_tokens": req.num_cached,
-                "ttft_s": ttft, "total_s": req.finish_time - req.arrival_time}), "done")
+                "ttft_s": ttft, "total_s": state.finish_time - req.arrival_time}), "done")

@@ -84,7 +84,7 @@ def load_models(settings: Settings, observer: Observer | None) -> dict[str, Load
         lm = LoadedModel(spec, model, workers, gguf_facts(spec.path), template, embedder, bound)
         models[spec.name] = lm
         for w in workers:
-            w.incoming = lambda lm=lm: lm.preparing   # a burst starts in one step
+            w.gather.incoming = lambda lm=lm: lm.preparing   # a burst starts in one step
             w.start()
         log.info("serving %s from %s: %d context(s) x %d threads, n_ctx %d, %d sequences, "
                  "%s %s KV, %s attention", spec.name, spec.path, spec.contexts,

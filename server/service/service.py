@@ -8,6 +8,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, field, replace
+from enum import StrEnum
 from typing import AsyncIterator
 
 from fastapi import Request as HTTPRequest
@@ -26,6 +27,14 @@ from server.openai.tools import ToolUse, prompt_input
 
 log = logging.getLogger("pagedllama.request")
 SHUTDOWN = FinishReason.ABORT   # the finish reason of a request a drain ended (ErrorKind.SHUTDOWN)
+
+
+class Outcome(StrEnum):
+    """How an HTTP request's generation ended, for its log line."""
+    OK = "ok"                        # every choice finished
+    DISCONNECTED = "disconnected"    # the client went away: its choices were cancelled
+    SHUTDOWN = "shutdown"            # a drain ended it
+    ERROR = "error"                  # the engine failed it
 
 
 Part = tuple[Worker, Request]   # one prompt's first choice (its forks: the other n - 1) and worker
@@ -48,7 +57,7 @@ class Generation:
 
     def prompt_logprobs(self, index: int, n: int):
         """The prompt logprobs of choice `index` (its prompt's first choice computed them)."""
-        return self.parts[index // n][1].prompt_logprobs
+        return self.parts[index // n][1].state.prompt_logprobs
 
 
 @dataclass
@@ -330,7 +339,7 @@ class Service:
         """The events of requests sharing one queue (every choice of every prompt) until each
         has finished. Leaving early (the client went away, or the stream was cancelled) cancels
         them all in the engine, which frees their KV."""
-        status, next_check = "ok", time.monotonic() + 0.5
+        outcome, next_check = Outcome.OK, time.monotonic() + 0.5
         choices = [(worker, r) for worker, req in parts for r in req.group]
         queue = parts[0][1].queue
         live = Live(choices)
@@ -343,7 +352,7 @@ class Service:
                     if time.monotonic() >= next_check:
                         next_check = time.monotonic() + 0.5
                         if await http.is_disconnected():
-                            status = "disconnected"
+                            outcome = Outcome.DISCONNECTED
                             return
                     try:
                         event = await asyncio.wait_for(queue.get(), timeout=0.5)
@@ -354,27 +363,29 @@ class Service:
                 if event.index in live.finished:
                     continue   # a choice a drain ended, whose own events were on their way
                 if event.error:
-                    status = "shutdown" if event.error_kind is ErrorKind.SHUTDOWN else "error"
+                    outcome = (Outcome.SHUTDOWN if event.error_kind is ErrorKind.SHUTDOWN
+                               else Outcome.ERROR)
                 if event.finish_reason:
                     live.finished.add(event.index)
                 yield event
         except (asyncio.CancelledError, GeneratorExit):
-            if status == "ok":
-                status = "disconnected"
+            if outcome is Outcome.OK:
+                outcome = Outcome.DISCONNECTED
             raise
         finally:
             self.live.discard(live)
             for worker, r in choices:
-                if r.finish_reason is None or status == "disconnected":
+                if r.finish_reason is None or outcome is Outcome.DISCONNECTED:
                     worker.cancel(r)
-            self._log(http, parts, status)
+            self._log(http, parts, outcome)
 
-    def _log(self, http: HTTPRequest, parts: list[Part], status: str) -> None:
+    def _log(self, http: HTTPRequest, parts: list[Part], outcome: "Outcome") -> None:
         now, (worker, req) = time.monotonic(), parts[0]
         choices = [r for _, p in parts for r in p.group]
-        ttft = f"{req.first_token_time - req.arrival_time:.3f}s" if req.first_token_time else "-"
+        first = req.state.first_token_time
+        ttft = f"{first - req.arrival_time:.3f}s" if first else "-"
         log.info("%s %s %s model=%s prompt=%d cached=%d completion=%d%s ttft=%s total=%.3fs "
-                 "finish=%s", http.method, http.url.path, status, worker.name,
+                 "finish=%s", http.method, http.url.path, outcome, worker.name,
                  sum(len(p.prompt) for _, p in parts), sum(p.num_cached for _, p in parts),
                  sum(r.num_output for r in choices),
                  f" choices={len(choices)}" if len(choices) > 1 else "", ttft,

@@ -8,12 +8,10 @@ from tests.fakes import FakeKV
 BS = 4
 
 
-def make(num_blocks=16, seq_ids=8, caching=True, prefill_chunk=BS, share_cells=True,
-         reuse_grid=None):
+def make(num_blocks=16, seq_ids=8, caching=True, prefill_chunk=BS, share_cells=True):
     streams = 1 if share_cells else seq_ids     # split KV: cells of their own for each seq id
     return (BlockManager(num_blocks, block_size=BS, num_seq_ids=seq_ids, prefix_caching=caching,
-                         prefill_chunk=prefill_chunk, share_cells=share_cells,
-                         reuse_grid=reuse_grid),
+                         prefill_chunk=prefill_chunk, share_cells=share_cells),
             FakeKV(num_blocks * BS * streams))
 
 
@@ -53,7 +51,7 @@ def test_last_prompt_token_is_always_recomputed():
 
 
 def test_a_hit_may_end_inside_a_block_copying_the_cells_from_the_block_that_continues_it():
-    manager, kv = make(num_blocks=32, prefill_chunk=2 * BS, reuse_grid=BS)   # as the worker
+    manager, kv = make(num_blocks=32, prefill_chunk=2 * BS)
     a_tokens = list(range(16))
     a = manager.open(a_tokens, 15, 17)
     compute(manager, kv, a, a_tokens, 0, 16)
@@ -82,7 +80,7 @@ def test_of_several_cached_continuations_the_longest_is_copied():
 
 
 def test_a_partial_hit_never_leaves_a_single_token_before_a_grid_line():
-    manager, kv = make(num_blocks=32, prefill_chunk=2 * BS, reuse_grid=BS)
+    manager, kv = make(num_blocks=32, prefill_chunk=2 * BS)
     a_tokens = list(range(16))
     a = manager.open(a_tokens, 15, 17)
     compute(manager, kv, a, a_tokens, 0, 16)
@@ -90,31 +88,13 @@ def test_a_partial_hit_never_leaves_a_single_token_before_a_grid_line():
     assert manager.open(list(range(7)) + [99] * 8, 13, 16).num_cached == 6
 
 
-def test_no_partial_hit_where_reuse_stays_on_the_grid():
-    manager, kv = make(num_blocks=32, prefill_chunk=2 * BS)   # reuse on the grid
-    a_tokens = list(range(16))
-    a = manager.open(a_tokens, 15, 17)
-    compute(manager, kv, a, a_tokens, 0, 16)
-    assert manager.open(list(range(6)) + [99] * 8, 13, 15).num_cached == 0
-    assert manager.open(list(range(10)) + [99] * 4, 13, 15).num_cached == 8
-
-
-def test_reuse_stops_on_a_prefill_chunk_boundary():
-    manager, kv = make(prefill_chunk=2 * BS)
-    tokens = list(range(14))
-    a = manager.open(tokens, 13, 15)
-    compute(manager, kv, a, tokens, 0, 14)
-    assert manager.open(tokens, 13, 15).num_cached == 8
-
-
-def test_a_block_differing_in_one_token_is_a_miss_on_the_grid_and_a_partial_hit_on_blocks():
+def test_a_block_differing_in_one_token_is_a_partial_hit():
+    manager, kv = make()
+    a_tokens = list(range(10))
+    a = manager.open(a_tokens, 9, 11)
+    compute(manager, kv, a, a_tokens, 0, 10)
     b_tokens = [0, 1, 2, 99] + list(range(4, 10))
-    for grid, cached in ((2 * BS, 0), (BS, 2)):    # (2, not 3: [3, 4) would be a 1-token piece)
-        manager, kv = make(prefill_chunk=grid)
-        a_tokens = list(range(10))
-        a = manager.open(a_tokens, 9, 11)
-        compute(manager, kv, a, a_tokens, 0, 10)
-        assert manager.open(b_tokens, 9, 11).num_cached == cached
+    assert manager.open(b_tokens, 9, 11).num_cached == 2   # not 3: [3, 4) would be a 1-token piece
 
 
 def test_finished_sequence_stays_cached_as_holder():
@@ -381,20 +361,21 @@ TestSplitKVManagerMachine.settings = TestManagerMachine.settings
 
 
 def test_split_kv_twin_block_does_not_stop_caching_the_rest():
-    manager, kv = make(share_cells=False, prefill_chunk=4 * BS)
+    manager, kv = make(share_cells=False, num_blocks=32)
     head = [1, 2, 3, 4]
     a_tokens, b_tokens = head + list(range(100, 120)), head + list(range(200, 220))
     a = manager.open(a_tokens, len(a_tokens) - 1, len(a_tokens) + 1)
-    compute(manager, kv, a, a_tokens, 0, len(a_tokens))
     b = manager.open(b_tokens, len(b_tokens) - 1, len(b_tokens) + 1)
-    assert b.num_cached == 0          # one shared block is below the prefill chunk: computed again
-    compute(manager, kv, b, b_tokens, 0, len(b_tokens))
+    assert b.num_cached == 0          # both compute the shared head block at once
+    compute(manager, kv, a, a_tokens, 0, len(a_tokens))
+    compute(manager, kv, b, b_tokens, 0, len(b_tokens))   # its head block meets its twin
     manager.free(b)
     kv.apply(manager.take_ops())
     again = manager.open(b_tokens, len(b_tokens) - 1, len(b_tokens) + 1)
     kv.apply(manager.take_ops())
-    assert again.num_cached == 16
-    assert kv.read(again.seq_id) == [tuple(b_tokens[:p + 1]) for p in range(16)]
+    n = len(b_tokens) - 1             # all but the last token, which is computed for logits
+    assert again.num_cached == n
+    assert kv.read(again.seq_id) == [tuple(b_tokens[:p + 1]) for p in range(n)]
     manager.check_invariants()
 
 

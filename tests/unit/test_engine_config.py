@@ -2,7 +2,7 @@
 arithmetic on the settings)."""
 import pytest
 
-from engine.worker import EngineConfig
+from engine.config import EngineConfig
 from server.config import engine_from_env
 
 

@@ -237,8 +237,7 @@ def test_small_candidate_sets_are_drawn_with_their_probabilities(params):
 
 def test_nan_logits_with_cut_offs_still_give_a_token_id():
     """A model that returns NaN logits gives nonsense, but sampling with cut-offs must not
-    raise (it did with top-p before Session 26): the worker would fail every request beside
-    it."""
+    raise: the worker would end that request with an error instead of its (nonsense) tokens."""
     rng = np.random.default_rng(0)
     for fill in (np.nan, -np.inf):
         logits = np.full(1000, fill, dtype=np.float32)

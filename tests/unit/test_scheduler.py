@@ -441,12 +441,11 @@ def test_random_workloads_under_kv_pressure_end_with_balanced_books(policy, pree
 
 
 def test_merged_cells_take_a_lone_prompt_in_one_piece_and_keep_a_one_token_tail_apart():
-    """merge_cells (as the worker sets it): while nothing decodes, a prompt takes several grid
-    cells at once, up to the budget; pieces end on the grid except the tail, and a 1-token tail
-    is a piece of its own (a cache hit can leave exactly that token, FINDINGS.md)."""
-    def pieces(n_prompt, budget=24, merge=True, others=(), few=0):
+    """While nothing decodes, a prompt takes several grid cells at once, up to the budget;
+    pieces end on the grid except the tail, and a 1-token tail is a piece of its own (a cache
+    hit can leave exactly that token, whose 1-token piece computes other numbers)."""
+    def pieces(n_prompt, budget=24, others=(), few=0):
         sched, kv = make(budget=budget, blocks=128)
-        sched.merge_cells = merge
         sched.few_decoding, sched.finish_piece = few, 10
         for o in others:
             sched.add(o)
@@ -460,7 +459,6 @@ def test_merged_cells_take_a_lone_prompt_in_one_piece_and_keep_a_one_token_tail_
             cuts += [(c.start, c.end) for c in plan.chunks if c.seq is s]
         return cuts
     assert pieces(10) == [(0, 10)]
-    assert pieces(10, merge=False) == [(0, 4), (4, 8), (8, 10)]
     assert pieces(9) == [(0, 8), (8, 9)]                   # 9 = 2 cells + a 1-token tail
     assert pieces(30) == [(0, 24), (24, 30)]               # the budget, cut on the grid
     assert pieces(10, others=[seq(3, max_tokens=50)]) == [(0, 4), (4, 8), (8, 10)]   # a stream decodes
@@ -474,7 +472,6 @@ def _prompt_pieces(sched, kv, prompts, streams=1, few=0, finish=0):
     tokens planned, and per prompt the step its first token came in and the pieces it took.
     few, finish: the scheduler's few_decoding and finish_piece (0: one cell per prompt beside
     any stream)."""
-    sched.merge_cells = True
     sched.few_decoding, sched.finish_piece = few, finish
     for i in range(streams):
         s = seq(3, max_tokens=500, base=900 + 10 * i)
@@ -562,7 +559,7 @@ def test_a_prompt_waiting_on_a_shared_prefix_lends_its_cell_to_the_one_computing
 
 def _wave_sched(wave=64, ratio=2.0):
     sched, kv = make(budget=24, blocks=256, max_seqs=8, seq_ids=16)
-    sched.merge_cells, sched.wave_batch_tokens, sched.wave_ratio = True, wave, ratio
+    sched.wave_batch_tokens, sched.wave_ratio = wave, ratio
     return sched, kv
 
 

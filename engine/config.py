@@ -1,0 +1,75 @@
+"""A context's settings: what the server's configuration (or a test) asks for, and what is left
+to the model (resolved_for: the attention kernel, and the prompt chunk and step budget by where
+the model computes)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from engine.llama import KV_TYPES, Model
+from scheduler import Preemption
+
+
+# Prompt chunks and step budgets by where a model computes: on a GPU a step costs about the same
+# for 16 tokens as for 256, so prompts go in larger chunks within larger steps (docs/gpu.md).
+DEVICE_DEFAULTS = {"cpu": {"prefill_chunk": 16, "max_batch_tokens": 256},
+                   "gpu": {"prefill_chunk": 256, "max_batch_tokens": 1024}}
+
+
+@dataclass
+class EngineConfig:
+    n_ctx: int = 2048                 # per sequence: the longest prompt + output
+    max_seqs: int = 16
+    n_threads: int = 2
+    max_batch_tokens: int | None = None   # tokens per step (decodes first, then prompt
+                                      # chunks); None: by device (resolved_for)
+    wave_batch_tokens: int = 2048     # a wave of prompts in one step (scheduler doc); 0: off
+    block_size: int = 8               # KV budget and prefix-cache lookup unit (hits may end
+                                      # inside one)
+    prefill_chunk: int | None = None  # aligned prompt chunk size (see benchmarks.chunking);
+                                      # None: by device (resolved_for)
+    prefix_caching: bool = True
+    kv_unified: bool = False
+    flash_attn: bool | None = None    # None: flash attention unless the model has K-quants
+                                      # (resolved_for; docs/prefix-cache.md, "Attention kernels")
+    kv_type: str = "f16"              # KV cache f16 or q8_0 (half the memory; needs flash_attn)
+    scheduler: str = "fifo"
+    preemption: Preemption = Preemption.SWAP
+    max_queue: int = 256
+    cache_seqs: int = 16              # extra llama.cpp seq ids that hold cached prefixes
+    adaptive_threads: bool = True     # fewer threads while other processes use our cores
+    thread_share: float = 1.0         # this context's part of the process's threads
+
+    def __post_init__(self):
+        self.preemption = Preemption(self.preemption)
+        if self.kv_type not in KV_TYPES:
+            raise ValueError(f"KV cache type {self.kv_type!r}: one of {', '.join(KV_TYPES)}")
+        if self.kv_type != "f16" and self.flash_attn is False:
+            raise ValueError(f"a {self.kv_type} KV cache needs flash attention (llama.cpp "
+                             "quantizes V only for its flash-attention kernel)")
+
+    def resolved_for(self, model: Model) -> "EngineConfig":
+        """The settings left to the model, chosen for it. With flash_attn None (auto): flash
+        attention, exact on ggml's reference path, unless the model's weights are K-quants,
+        whose tiled matmul that path turns off (a q8_0 cache needs flash attention either
+        way). With prefill_chunk or max_batch_tokens None: DEVICE_DEFAULTS for where the model
+        computes (Model.on_gpu)."""
+        device = DEVICE_DEFAULTS["gpu" if model.on_gpu else "cpu"]
+        chosen = {name: value for name, value in device.items() if getattr(self, name) is None}
+        if self.flash_attn is None:
+            chosen["flash_attn"] = self.kv_type != "f16" or not model.has_k_quants
+        return replace(self, **chosen)
+
+    @property
+    def step_tokens(self) -> int:
+        """The most tokens one step (one llama_decode) may take (of a config resolved_for a
+        model)."""
+        return max(self.max_batch_tokens, self.wave_batch_tokens)
+
+    @property
+    def n_seq_max(self) -> int:
+        return min(256, self.max_seqs + (self.cache_seqs if self.prefix_caching else 0))
+
+    @property
+    def total_cells(self) -> int:
+        """Split KV: one stream of n_ctx cells per seq id. Unified: one pool shared by all."""
+        return self.n_ctx * (self.max_seqs if self.kv_unified else self.n_seq_max)
