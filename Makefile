@@ -9,7 +9,7 @@ SUDO   := $(if $(filter 0,$(shell id -u)),,sudo)
 NO_AMX := -mno-amx-tile -mno-amx-int8 -mno-amx-bf16
 LLAMA_CMAKE_ARGS ?= -DCMAKE_C_FLAGS='$(NO_AMX)' -DCMAKE_CXX_FLAGS='$(NO_AMX)'
 
-.PHONY: setup run test models browser clean cluster image image-router image-run image-stop
+.PHONY: setup run test lint models browser clean cluster image image-router image-run image-stop
 
 # make cluster: replicas on this machine behind sglang-router (docs/scaling-out.md)
 REPLICAS      ?= 2
@@ -72,6 +72,12 @@ browser:
 ## test: the whole test suite (real model, real HTTP server, headless Chromium)
 test: models browser
 	$(BIN)/python -m pytest
+
+## lint: ruff (lint and import order) over the tree, mypy over kvcache/, scheduler/ and engine/
+## (pyproject.toml holds both tools' settings)
+lint: $(VENV)/.installed
+	$(BIN)/ruff check .
+	$(BIN)/mypy
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

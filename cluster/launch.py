@@ -1,7 +1,8 @@
 """A cluster on this machine: N pagedllama replicas (cores split between them, ports of their
 own) and sglang-router in front of them on one port.
 
-Why sglang-router (docs/scaling-out.md, "The router: sglang-router"): it is a maintained Rust router on PyPI whose
+Why sglang-router (docs/scaling-out.md, "The router: sglang-router"): it is a maintained Rust
+router on PyPI whose
 `cache_aware` policy keeps an approximate radix tree of the prompts it sent to each worker and
 sends a request to the worker with the longest match (above `cache_threshold`), falling back
 to the least loaded worker when the load is out of balance; it also has `round_robin`,
@@ -117,7 +118,7 @@ class Cluster:
         self.replicas: list[Replica] = []
         self.router: subprocess.Popen | None = None
 
-    def __enter__(self) -> "Cluster":
+    def __enter__(self) -> Cluster:
         try:
             self.start()
         except BaseException:

@@ -30,7 +30,8 @@ class ChatTemplate:
         env.filters["tojson"] = _tojson
         self.template = env.from_string(source)
         self.bos_token, self.eos_token = bos_token, eos_token
-        # Renders tools itself, in the tagged syntax server/openai/tools.py parses (Hermes, Qwen2.5):
+        # Renders tools itself, in the tagged syntax server/openai/tools.py parses (Hermes,
+        # Qwen2.5):
         # the template reads a `tools` variable and writes <tool_call> blocks.
         self.knows_tools = ("tools" in meta.find_undeclared_variables(env.parse(source))
                             and "<tool_call>" in source)
@@ -57,7 +58,8 @@ class ChatTemplate:
                 tools: list[dict] | None) -> str:
         extra = {"tools": tools} if tools else {}   # templates test `tools is defined`
         try:
-            return self.template.render(messages=messages, add_generation_prompt=add_generation_prompt,
+            return self.template.render(messages=messages,
+                                        add_generation_prompt=add_generation_prompt,
                                         bos_token=self.bos_token, eos_token=self.eos_token, **extra)
         except ChatTemplateError:
             raise

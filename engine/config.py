@@ -8,7 +8,6 @@ from dataclasses import dataclass, replace
 from engine.llama import KV_TYPES, Model
 from scheduler import Preemption
 
-
 # Prompt chunks and step budgets by where a model computes: on a GPU a step costs about the same
 # for 16 tokens as for 256, so prompts go in larger chunks within larger steps (docs/gpu.md).
 DEVICE_DEFAULTS = {"cpu": {"prefill_chunk": 16, "max_batch_tokens": 256},
@@ -47,22 +46,25 @@ class EngineConfig:
             raise ValueError(f"a {self.kv_type} KV cache needs flash attention (llama.cpp "
                              "quantizes V only for its flash-attention kernel)")
 
-    def resolved_for(self, model: Model) -> "EngineConfig":
+    def resolved_for(self, model: Model) -> EngineConfig:
         """The settings left to the model, chosen for it. With flash_attn None (auto): flash
         attention, exact on ggml's reference path, unless the model's weights are K-quants,
         whose tiled matmul that path turns off (a q8_0 cache needs flash attention either
         way). With prefill_chunk or max_batch_tokens None: DEVICE_DEFAULTS for where the model
         computes (Model.on_gpu)."""
         device = DEVICE_DEFAULTS["gpu" if model.on_gpu else "cpu"]
-        chosen = {name: value for name, value in device.items() if getattr(self, name) is None}
-        if self.flash_attn is None:
-            chosen["flash_attn"] = self.kv_type != "f16" or not model.has_k_quants
-        return replace(self, **chosen)
+        flash_attn = self.flash_attn
+        if flash_attn is None:
+            flash_attn = self.kv_type != "f16" or not model.has_k_quants
+        return replace(self, flash_attn=flash_attn,
+                       prefill_chunk=self.prefill_chunk or device["prefill_chunk"],
+                       max_batch_tokens=self.max_batch_tokens or device["max_batch_tokens"])
 
     @property
     def step_tokens(self) -> int:
         """The most tokens one step (one llama_decode) may take (of a config resolved_for a
         model)."""
+        assert self.max_batch_tokens is not None, "a config resolved_for a model"
         return max(self.max_batch_tokens, self.wave_batch_tokens)
 
     @property

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import codecs
-from typing import Callable
+from collections.abc import Callable
 
 
 class TextStream:

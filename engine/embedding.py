@@ -61,6 +61,7 @@ class Embedder:
     def _embed(self, tokens: list[int]) -> np.ndarray:
         C.llama_memory_clear(C.llama_get_memory(self._ctx), True)
         b, n = self._batch, len(tokens)
+        assert b is not None, "opened"
         for i, t in enumerate(tokens):
             b.token[i], b.pos[i], b.n_seq_id[i], b.logits[i] = t, i, 1, True
             b.seq_id[i][0] = 0

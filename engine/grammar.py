@@ -22,6 +22,7 @@ import ctypes
 import json
 import threading
 import weakref
+from typing import TYPE_CHECKING
 
 import llama_cpp as C
 import llguidance as llg
@@ -30,7 +31,10 @@ from llguidance.gbnf_to_lark import any_to_lark
 from llguidance.llamacpp import lltokenizer_from_vocab
 
 _TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])
-JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+if TYPE_CHECKING:
+    from llguidance._lib import JsonCompileOptions
+JSON_LAYOUT: JsonCompileOptions = {"whitespace_flexible": False, "item_separator": ", ",
+                                     "key_separator": ": "}
 
 
 class GrammarError(ValueError):
@@ -49,7 +53,8 @@ def closed(schema):
     out = {}
     for key, value in schema.items():
         if key in ("properties", "$defs", "definitions", "patternProperties"):
-            out[key] = {k: closed(v) for k, v in value.items()} if isinstance(value, dict) else value
+            out[key] = ({k: closed(v) for k, v in value.items()} if isinstance(value, dict)
+                        else value)
         elif key in ("items", "prefixItems", "anyOf", "oneOf", "allOf", "additionalProperties"):
             out[key] = closed(value)
         else:
@@ -93,7 +98,7 @@ def check(grammar: str, tokenizer=None) -> None:
         raise GrammarError(messages[0] if messages else "the grammar is invalid")
 
 
-_tokenizers: "weakref.WeakKeyDictionary[object, llg.LLTokenizer]" = weakref.WeakKeyDictionary()
+_tokenizers: weakref.WeakKeyDictionary[object, llg.LLTokenizer] = weakref.WeakKeyDictionary()
 _lock = threading.Lock()
 
 
@@ -129,7 +134,9 @@ class Grammar:
         d = self.data
         d["id"], d["logit"], d["p"] = self.ids, logits, 0.0
         a = self.array   # a sampler chain may have sorted or cut it last time: start afresh
-        a.data, a.size, a.selected, a.sorted = self.pointer, self.n_vocab, -1, False
+        # (llama_cpp's ctypes declares `data` an array; a pointer to our buffer is what C reads)
+        a.data = self.pointer   # type: ignore[assignment]
+        a.size, a.selected, a.sorted = self.n_vocab, -1, False
         return a
 
     def allowed(self) -> np.ndarray | None:
@@ -164,4 +171,4 @@ class Grammar:
             raise GrammarError(f"the grammar refused token {token}: {self.matcher.get_error()}")
 
     def close(self) -> None:
-        self.matcher = None
+        del self.matcher   # llguidance frees it; the grammar is not used after this

@@ -33,7 +33,7 @@ def hand_over(loop: asyncio.AbstractEventLoop, callback: Callable, arg) -> None:
     if csock is None or not isinstance(loop, asyncio.selector_events.BaseSelectorEventLoop):
         loop.call_soon_threadsafe(callback, arg)
         return
-    loop._check_closed()
-    loop._call_soon(callback, (arg,), None)
+    loop._check_closed()   # type: ignore[attr-defined]  # asyncio's own, as call_soon_threadsafe
+    loop._call_soon(callback, (arg,), None)   # type: ignore[attr-defined]
     # non-blocking: a full pipe (-1, EAGAIN) means the loop has wake-ups pending already
     _write_keeping_gil(csock.fileno(), b"\0", 1)

@@ -54,9 +54,10 @@ class ThreadLease:
     def adapt(self, context: Context) -> None:
         """Between decodes: follow the governor's thread count."""
         now = time.monotonic()
-        if self.governor is None or not self.governor.due(now):
+        governor, meter = self.governor, self.meter
+        if governor is None or meter is None or not governor.due(now):
             return
-        change = self.governor.observe(self.meter.sample(now))
+        change = governor.observe(meter.sample(now))
         if change is None:
             return
         if self.budget is None:   # else the next lease sets it
@@ -81,7 +82,7 @@ class ThreadLease:
 
     def pause(self) -> None:
         """Going idle: what other processes do until the next request is no contention."""
-        if self.governor is not None:
+        if self.governor is not None and self.meter is not None:
             self.governor.pause(self.meter.sample(time.monotonic()))
         if self.budget is not None:
             self.budget.idle(self.name)

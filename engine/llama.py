@@ -101,6 +101,8 @@ def cpu_backend_of(ctx_ptr, scan_bytes: int = 8192) -> int | None:
         return i >= 0 and addr + n <= ends[i]
 
     base = ctypes.cast(ctx_ptr, ctypes.c_void_p).value
+    if base is None:
+        return None
     for offset in range(0, scan_bytes, 8):
         if not readable(base + offset, 8):
             return None
@@ -156,7 +158,8 @@ class Model:
         self.n_ctx_train = C.llama_model_n_ctx_train(self.ptr)
         self.add_bos = bool(C.llama_vocab_get_add_bos(self.vocab))
         self.bos_id, self.eos_id = C.llama_vocab_bos(self.vocab), C.llama_vocab_eos(self.vocab)
-        self.eog_ids = frozenset(t for t in range(self.n_vocab) if C.llama_vocab_is_eog(self.vocab, t))
+        self.eog_ids = frozenset(t for t in range(self.n_vocab)
+                                 if C.llama_vocab_is_eog(self.vocab, t))
         self.file_type = self._meta("general.file_type")
         self._pieces: dict[int, bytes] = {}
         template = C.llama_model_chat_template(self.ptr, None)
@@ -173,13 +176,16 @@ class Model:
         multiplies such weights with its tiled matmul from 8 rows of input, a kernel that the
         reference path (use_reference_attention) turns off, so batches of such a model are
         much slower with flash attention (docs/prefix-cache.md, "Attention kernels")."""
+        if self.file_type is None:
+            return True
         try:
             name = gguf.LlamaFileType(int(self.file_type)).name
-        except (TypeError, ValueError):
+        except ValueError:
             return True
         return "_K" in name or "IQ" in name
 
-    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
+    def tokenize(self, text: str, add_special: bool = True,
+                 parse_special: bool = True) -> list[int]:
         data = text.encode("utf-8")
         n_max = len(data) + 8
         buf = (C.llama_token * n_max)()
@@ -252,7 +258,7 @@ class Model:
 # llama_get_logits_ith returning the address as an int (llama-cpp-python's binding returns a
 # ctypes pointer, and turning that into an array costs more than the call)
 _get_logits_ith = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int32)(
-    ctypes.cast(C.llama_cpp._lib.llama_get_logits_ith, ctypes.c_void_p).value)
+    ctypes.cast(C.llama_cpp._lib.llama_get_logits_ith, ctypes.c_void_p).value or 0)
 
 
 @dataclass

@@ -3,8 +3,8 @@ logit_bias and before temperature, top-k/top-p/min-p and any grammar mask (so th
 model, not the sampling settings; OpenAI's are likewise the model's)."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 
@@ -21,7 +21,7 @@ def token_logprob(logits: np.ndarray, token: int, k: int,
                   piece: Callable[[int], bytes]) -> TokenLogprob:
     m = float(logits.max())
     lse = m + float(np.log(np.exp(logits - m).sum(dtype=np.float64)))
-    top = ()
+    top: tuple[tuple[int, bytes, float], ...] = ()
     if k > 0:
         ids = np.argpartition(logits, -k)[-k:]
         ids = ids[np.argsort(-logits[ids], kind="stable")]

@@ -60,13 +60,13 @@ class Request:
     id: int = field(default_factory=lambda: next(_request_ids))
     arrival_time: float = field(default_factory=time.monotonic)
     index: int = 0                     # choice index; its events carry it
-    forks: list["Request"] = field(default_factory=list)   # n > 1: the other choices, forked
+    forks: list[Request] = field(default_factory=list)   # n > 1: the other choices, forked
     loop: asyncio.AbstractEventLoop | None = None
     queue: asyncio.Queue | None = None
     state: RequestState = field(default_factory=RequestState)
 
     @property
-    def group(self) -> list["Request"]:
+    def group(self) -> list[Request]:
         """This request and its forks: the choices of one prompt, in index order."""
         return [self, *self.forks]
 

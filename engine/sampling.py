@@ -319,6 +319,7 @@ class Sampler:
         allowed, else a draw from the masked distribution (which is the masked distribution
         overall; only the top-k/top-p cut-offs are taken over all tokens on the first draw)."""
         g = self.grammar
+        assert g is not None
         if self.greedy:
             token = int(logits.argmax())
             if not g.allows(token):

@@ -2,10 +2,10 @@
 busy, all of them again when they leave.
 
 Why (docs/shared-machines.md, "Why a busy neighbour stalls llama.cpp"): llama.cpp's threads
-meet at a barrier after every graph op. When one of them shares its core with another runnable thread, the
-kernel deschedules it for a whole time slice and every other thread waits at the next barrier:
-next to ONE busy process, 2 threads on 2 cores fell from 138 to 1.4 tok/s, while 1 thread kept
-its full 1-thread speed (~90 tok/s). One thread has no barriers.
+meet at a barrier after every graph op. When one of them shares its core with another runnable
+thread, the kernel deschedules it for a whole time slice and every other thread waits at the
+next barrier: next to ONE busy process, 2 threads on 2 cores keep ~1 % of their speed, while 1
+thread keeps all of its own. One thread has no barriers.
 
 The signal is how much CPU *other* processes use on the cores we may run on: the machine's busy
 time on those cores (/proc/stat) minus this process's own CPU time (/proc/self/stat), per window.
@@ -97,6 +97,7 @@ class ThreadGovernor:
 
     def _add(self, sample: CpuSample) -> None:
         last = self._last
+        assert last is not None, "a window was started"
         self._acc_time += sample.time - last.time
         self._acc_others += (sample.busy - last.busy) - (sample.own - last.own)
         self._last = sample

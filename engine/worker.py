@@ -54,11 +54,11 @@ log = logging.getLogger("pagedllama.engine")
 class Observer:
     """Hooks for metrics; called from the worker thread. The default does nothing."""
 
-    def on_step(self, worker: "Worker", num_tokens: int, seconds: float) -> None: ...
+    def on_step(self, worker: Worker, num_tokens: int, seconds: float) -> None: ...
 
-    def on_token(self, worker: "Worker", req: Request, now: float) -> None: ...
+    def on_token(self, worker: Worker, req: Request, now: float) -> None: ...
 
-    def on_finish(self, worker: "Worker", req: Request) -> None: ...
+    def on_finish(self, worker: Worker, req: Request) -> None: ...
 
 
 class QueueFull(Exception):
@@ -77,6 +77,7 @@ class Worker:
         """`publish_prefixes`: publish the cached block hashes after each step (for routing
         between replicas); `budget`: threads shared with the process's other contexts."""
         config = config.resolved_for(model)
+        assert config.flash_attn is not None and config.max_batch_tokens is not None
         self.name, self.model, self.config = name, model, config
         self.observer = observer or Observer()
         self.context = Context(model, ContextConfig(
@@ -133,7 +134,7 @@ class Worker:
         self.submitted += len(group)
         self.inbox.append(Admit(req))
         self.wakeup.set()
-        return req.queue
+        return queue
 
     @property
     def outstanding(self) -> int:
@@ -199,8 +200,7 @@ class Worker:
         sampler, grammar or text stream raised), end them all with an error event: their
         parameters were refused (ValueError: a 400) or the engine failed (a 500)."""
         try:
-            for r in req.group:
-                self._prepare(r)
+            seq, *forks = [self._prepare(r) for r in req.group]
         except Exception as exc:
             kind = ErrorKind.INVALID if isinstance(exc, ValueError) else ErrorKind.ENGINE
             log.warning("engine %s: request %d could not be admitted: %r", self.name, req.id,
@@ -208,16 +208,15 @@ class Worker:
             self._deliver([self._finish(r, FinishReason.ERROR, error=_describe(exc),
                                         kind=kind) for r in req.group])
             return
-        seq = req.state.seq
         seq.prompt_logits = req.params.prompt_logprobs
-        for fork in req.forks:
-            fork.state.seq.fork_of = seq
-            seq.forks.append(fork.state.seq)
-        for r in req.group:
-            self.scheduler.add(r.state.seq)
+        for fork in forks:
+            fork.fork_of = seq
+            seq.forks.append(fork)
+        for s in (seq, *forks):
+            self.scheduler.add(s)
 
-    def _prepare(self, req: Request) -> None:
-        """A request's sequence, sampler and text stream (not yet in the scheduler)."""
+    def _prepare(self, req: Request) -> Sequence:
+        """A request's sequence (not yet in the scheduler), sampler and text stream."""
         p = req.params
         max_tokens = (p.max_tokens if p.max_tokens is not None
                       else self.max_seq_len - len(req.prompt))
@@ -227,6 +226,7 @@ class Worker:
         state.sampler = Sampler(p, self.model.n_vocab,
                                 tokenizer_for(self.model) if p.grammar else None)
         state.stream = TextStream(self.model.piece, p.stop)
+        return state.seq
 
     def _step(self) -> None:
         t0 = time.perf_counter()
@@ -317,9 +317,11 @@ class Worker:
                             kind=ErrorKind.ENGINE)
 
     def _sample_one(self, req: Request, index: int, now: float) -> Delivery:
-        if req.state.seq.max_tokens == 0:   # scoring only (echo): the prompt's logprobs
-            return self._finish(req, FinishReason.LENGTH)   # were the point
-        token = req.state.sampler.sample(self.context, index)
+        seq, sampler = req.state.seq, req.state.sampler
+        assert seq is not None and sampler is not None, "an admitted request"
+        if seq.max_tokens == 0:   # scoring only (echo): the prompt's logprobs were the point
+            return self._finish(req, FinishReason.LENGTH)
+        token = sampler.sample(self.context, index)
         delivery = self._postprocess(req, token, now)
         if req.params.logprobs is not None and token is not None:
             delivery[1].logprobs = [token_logprob(self.context.logits(index), token,
@@ -345,6 +347,7 @@ class Worker:
         that reached one is finished."""
         state, p = req.state, req.params
         seq, stream = state.seq, state.stream
+        assert seq is not None and stream is not None, "an admitted request"
         if token is None:   # the grammar allows no token: end here rather than hang or fail
             log.warning("engine %s: request %d reached a grammar dead end after %d tokens; "
                         "finishing it with 'stop'", self.name, req.id, seq.num_output)
@@ -437,8 +440,10 @@ class Worker:
     def _deliver(self, events: list[Delivery]) -> None:
         if not events:
             return
+        loop = events[0][0].loop
+        assert loop is not None, "a submitted request"
         try:
-            hand_over(events[0][0].loop, _put_all, events)   # (engine/handoff.py)
+            hand_over(loop, _put_all, events)   # (engine/handoff.py)
         except RuntimeError:   # the event loop is closed: nobody is left to read these events
             log.debug("engine %s: %d events for a closed event loop dropped", self.name,
                       len(events))
@@ -472,4 +477,4 @@ def _describe(exc: Exception) -> str:
 def _put_all(events: list[Delivery]) -> None:
     for req, event in events:
         event.index = req.index
-        req.queue.put_nowait(event)
+        req.queue.put_nowait(event)   # type: ignore[union-attr]  # submitted: it has one

@@ -14,8 +14,8 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from engine import Model
 from benchmarks.tools import bench, quantize
+from engine import Model
 from experiments import common
 from experiments.texts import PASSAGES
 
@@ -216,7 +216,8 @@ def report(result: dict) -> str:
     lines = [f"quant: {cfg['threads']} threads; quality over {result['quality_positions']} positions of "
              f"{cfg['quality_texts']} fixed texts against the F16 source (itself the dequantized shipped "
              f"model); speed median (min–max) of {cfg['repeats']} repeats; load time (page cache warm) and "
-             f"RSS (total / anonymous) after loading and generating 8 tokens in a fresh process; load average {m['load_average_start'][0]:.1f} → "
+             f"RSS (total / anonymous) after loading and generating 8 tokens in a fresh process; "
+             f"load average {m['load_average_start'][0]:.1f} → "
              f"{m['load_average_end'][0]:.1f}", "", table, "",
              "File sizes shrink at every step down the ladder." if not growing else
              "Steps down the ladder where the file does NOT shrink (K-quant fallbacks): " + "; ".join(growing) + ".",

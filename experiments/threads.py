@@ -14,8 +14,8 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from engine import Model
 from benchmarks.tools import bench
+from engine import Model
 from experiments import common
 from experiments.texts import PASSAGES
 

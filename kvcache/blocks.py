@@ -1,14 +1,15 @@
 """Blocks, chained block hashes and the KV operations the manager asks the engine to run."""
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 NO_PARENT = 0x9E3779B97F4A7C15  # hash chain seed for the first block of a sequence
 
 
 def chain_hash(parent_hash: int, tokens: Sequence[int]) -> int:
-    """hash(parent block hash, token ids of the block); ints and tuples hash the same in every run."""
+    """hash(parent block hash, token ids of the block); ints and tuples hash the same in every
+    run."""
     return hash((parent_hash, tuple(tokens)))
 
 
@@ -34,6 +35,24 @@ class Block:
     parent: Block | None = None
     n_children: int = 0                # cached blocks whose parent is this one
     last_used: int = 0                 # the manager's clock when its last reference was dropped
+
+    @property
+    def key(self) -> int:
+        """The chain hash of a block known to be cached."""
+        assert self.hash is not None, f"block {self.id} is not cached"
+        return self.hash
+
+    @property
+    def holder(self) -> int:
+        """The seq id holding the cells of a block known to be cached."""
+        assert self.owner is not None, f"block {self.id} has no owner"
+        return self.owner
+
+    @property
+    def parent_key(self) -> int:
+        """The key its cached children are listed under: its parent's chain hash, or NO_PARENT
+        for a first block."""
+        return self.parent.key if self.parent is not None else NO_PARENT
 
     def reset(self) -> None:
         self.ref_count, self.index, self.hash, self.tokens = 0, 0, None, ()

@@ -39,7 +39,7 @@ class LeafQueue:
         """Queue an evictable leaf (its last_used set)."""
         if not self._queue or block.last_used > self._newest_queued().last_used:
             self._queue[block.id] = block
-        elif block.last_used < self._oldest_queued().last_used:
+        elif block.last_used < self._first_queued().last_used:
             self._queue[block.id] = block
             self._queue.move_to_end(block.id, last=False)
         else:
@@ -66,6 +66,10 @@ class LeafQueue:
 
     def _oldest_queued(self) -> Block | None:
         return next(iter(self._queue.values()), None)
+
+    def _first_queued(self) -> Block:
+        """The oldest queued leaf (the queue is not empty)."""
+        return next(iter(self._queue.values()))
 
     def _newest_queued(self) -> Block:
         return next(reversed(self._queue.values()))

@@ -40,10 +40,20 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections import deque
-from typing import Sequence
+from collections.abc import Sequence
 
-from kvcache.blocks import (Block, CopyOp, DropSavedOp, KVOp, NO_PARENT, RemoveOp, RestoreOp,
-                            SaveOp, SeqAlloc, block_hashes)
+from kvcache.blocks import (
+    NO_PARENT,
+    Block,
+    CopyOp,
+    DropSavedOp,
+    KVOp,
+    RemoveOp,
+    RestoreOp,
+    SaveOp,
+    SeqAlloc,
+    block_hashes,
+)
 from kvcache.leaves import LeafQueue
 
 
@@ -125,9 +135,9 @@ class BlockManager:
         alloc.hashes = list(hashes)
         self._share(alloc, hit, part, k)
         alloc.num_cached = len(hit) * self.block_size + k
-        if k:   # the copied cells of the partial block are counted in a block of its own now
-            self._ref(part)      # a use: the lent block goes to the back of the eviction order
-            self._unref(part)
+        if part is not None:   # the copied cells of the partial block are counted in a block
+            self._ref(part)      # of its own now; a use: the lent block goes to the back of
+            self._unref(part)    # the eviction order
             self.ensure(alloc, alloc.num_cached)
         if self.prefix_caching:
             self.query_tokens += len(tokens)
@@ -311,7 +321,7 @@ class BlockManager:
         if self.share_cells:
             p0, p1 = i * self.block_size, (i + 1) * self.block_size
             self._ops += [RemoveOp(alloc.seq_id, p0, p1),
-                          CopyOp(twin.owner, alloc.seq_id, p0, p1)]
+                          CopyOp(twin.holder, alloc.seq_id, p0, p1)]
         self._ref(twin)
         block, alloc.blocks[i] = alloc.blocks[i], twin
         block.reset()
@@ -327,7 +337,7 @@ class BlockManager:
             parent.n_children += 1
             self.leaves.discard(parent)
         self.cache[h] = block
-        self.children.setdefault(parent.hash if parent else NO_PARENT, set()).add(block)
+        self.children.setdefault(block.parent_key, set()).add(block)
         self.owned[alloc.seq_id] = self.owned.get(alloc.seq_id, 0) + 1
 
     def lookup(self, tokens: Sequence[int]) -> int:
@@ -361,7 +371,7 @@ class BlockManager:
             return None, 0
         bs, grid = self.block_size, self.prefill_chunk
         p = len(hit) * bs
-        kids = self.children.get(hit[-1].hash if hit else NO_PARENT)
+        kids = self.children.get(hit[-1].key if hit else NO_PARENT)
         limit = min(bs - 1, max_reuse - p, len(tokens) - p)
         if not kids or limit < 1:
             return None, 0
@@ -388,7 +398,7 @@ class BlockManager:
             self._ref(block)
             alloc.blocks.append(block)
         p1 = len(alloc.blocks) * self.block_size
-        src = hit[-1].owner if part is None else part.owner
+        src = hit[-1].holder if part is None else part.holder
         self._ops.append(CopyOp(src, alloc.seq_id, p0, p1 + k))
 
     def _ref(self, block: Block) -> None:
@@ -426,11 +436,11 @@ class BlockManager:
 
     def _evict(self, leaf: Block) -> None:
         del self.evictable[leaf.id]
-        del self.cache[leaf.hash]
-        owner, bs = leaf.owner, self.block_size
+        del self.cache[leaf.key]
+        owner, bs = leaf.holder, self.block_size
         self._ops.append(RemoveOp(owner, self._kept_cells(leaf), (leaf.index + 1) * bs))
         parent = leaf.parent
-        key = parent.hash if parent else NO_PARENT
+        key = leaf.parent_key
         siblings = self.children[key]
         siblings.discard(leaf)
         if not siblings:
@@ -451,7 +461,7 @@ class BlockManager:
         """Where the owner's cells end once leaf is evicted: after the nearest ancestor it owns
         too. Blocks between them are another seq id's (shared from it, or a twin swapped for
         it), and their cells in this one would outlive their eviction."""
-        if self.owned[leaf.owner] == 1 and leaf.owner not in self.live:
+        if self.owned[leaf.holder] == 1 and leaf.holder not in self.live:
             return 0                    # its last block: the seq id is released, cells and all
         block = leaf.parent
         while block is not None and block.owner != leaf.owner:
@@ -497,7 +507,7 @@ class BlockManager:
         assert len(self.free_list) + len(self.evictable) + len(refs) == self.num_blocks
         assert all(b.ref_count == 0 and b.hash is None for b in self.free_list)
         assert all(b.ref_count == 0 and b.hash is not None for b in self.evictable.values())
-        assert all(self.cache[b.hash] is b for b in self.evictable.values())
+        assert all(self.cache[b.key] is b for b in self.evictable.values())
         # every cached ancestor of a referenced block is referenced: evictable blocks can go now
         assert all(b.parent is None or b.parent.ref_count for b in self.cache.values()
                    if b.ref_count)
@@ -512,11 +522,11 @@ class BlockManager:
         assert all(b.n_children == children.get(b.id, 0) for b in self.cache.values())
         index: dict[int, set] = {}
         for block in self.cache.values():
-            index.setdefault(block.parent.hash if block.parent else NO_PARENT, set()).add(block)
+            index.setdefault(block.parent_key, set()).add(block)
         assert index == self.children
         owned: dict[int, int] = {}
         for block in self.cache.values():
-            owned[block.owner] = owned.get(block.owner, 0) + 1
+            owned[block.holder] = owned.get(block.holder, 0) + 1
         assert owned == self.owned
         assert not (set(self.free_seq_ids) & (self.live | set(self.owned)))
         assert len(set(self.free_seq_ids)) == len(self.free_seq_ids)

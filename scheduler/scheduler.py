@@ -139,7 +139,7 @@ class Scheduler:
         if seq in self.running:
             self.running.remove(seq)
         if seq.alloc is not None:
-            self.manager.free(seq.alloc)
+            self.manager.free(seq.allocated)
             seq.alloc = None
         for fork in seq.forks:   # ended before its prompt was computed: they start on their own
             fork.fork_of = None
@@ -153,7 +153,7 @@ class Scheduler:
         started = []
         for child in parent.forks:
             child.fork_of = None
-            alloc = self.manager.fork(parent.alloc, parent.tokens, parent.num_computed,
+            alloc = self.manager.fork(parent.allocated, parent.tokens, parent.num_computed,
                                       len(child.tokens) + 1)
             if alloc is None:
                 continue
@@ -195,7 +195,7 @@ class Scheduler:
             if chunk.wants_logits and (chunk.end - chunk.start > 1 or chunk.start < seq.num_prompt):
                 done.append(seq)   # a prompt (or a preempted sequence's recompute) finished
             seq.num_computed = chunk.end
-            self.manager.commit(seq.alloc, seq.tokens, seq.num_computed)
+            self.manager.commit(seq.allocated, seq.tokens, seq.num_computed)
             for h in chunk.claims:
                 if self.inflight.get(h) is seq:
                     del self.inflight[h]
@@ -262,7 +262,7 @@ class Scheduler:
         if budget <= 0 or (share <= 0 and len(seq.tokens) - seq.num_computed > plan.finish_within):
             return False
         if not seq.is_decoding and not seq.prompt_logits:
-            gained = self.manager.extend(seq.alloc, seq.tokens, seq.num_computed,
+            gained = self.manager.extend(seq.allocated, seq.tokens, seq.num_computed,
                                          self._max_reuse(seq))
             seq.num_computed += gained
             seq.num_cached_tokens += gained
@@ -325,7 +325,7 @@ class Scheduler:
 
     def _plan(self, seq: Sequence, n: int, plan: StepPlan, claims: list[int] | None = None) -> bool:
         """Add n tokens of seq to the plan, preempting by policy when KV blocks run out."""
-        while not self.manager.ensure(seq.alloc, seq.num_computed + n):
+        while not self.manager.ensure(seq.allocated, seq.num_computed + n):
             victim = max(self.running, key=self.policy.key)
             self._preempt(victim, plan)
             if victim is seq:
@@ -397,7 +397,7 @@ class Scheduler:
     def _open(self, seq: Sequence) -> bool:
         """Open seq if blocks for all its tokens and one more fit beside what each running
         sequence was promised on the same terms: then its next chunk never preempts anyone."""
-        promised = sum(self.manager.blocks_for(len(s.tokens) + 1) - len(s.alloc.blocks)
+        promised = sum(self.manager.blocks_for(len(s.tokens) + 1) - len(s.allocated.blocks)
                        + self.manager.fork_blocks(len(s.tokens)) * len(s.forks)
                        for s in self.running)
         promised += self.manager.fork_blocks(len(seq.tokens)) * len(seq.forks)
@@ -424,10 +424,10 @@ class Scheduler:
             self._release_claims(chunk.claims, seq)
         self.running.remove(seq)
         if self.preemption is Preemption.SWAP and seq.num_computed > 0:
-            seq.saved_key = self.manager.save(seq.alloc)
+            seq.saved_key = self.manager.save(seq.allocated)
         else:
             seq.num_computed, seq.hashes = 0, None
-        self.manager.free(seq.alloc)
+        self.manager.free(seq.allocated)
         seq.alloc = None
         seq.status = Status.WAITING
         seq.num_preemptions += 1

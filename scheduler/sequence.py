@@ -57,8 +57,8 @@ class Sequence:
     first_scheduled_time: float | None = None
     # n > 1: the choices after the first wait as forks of the first; when its prompt is computed
     # they start from a copy of its KV (Scheduler.fork) instead of computing the prompt again
-    forks: list["Sequence"] = field(default_factory=list)   # pending forks of this sequence
-    fork_of: "Sequence | None" = None      # set while this one waits to be forked off it
+    forks: list[Sequence] = field(default_factory=list)   # pending forks of this sequence
+    fork_of: Sequence | None = None      # set while this one waits to be forked off it
     prompt_logits: bool = False            # logits of every prompt position (echo + logprobs)
 
     def __post_init__(self) -> None:
@@ -87,6 +87,11 @@ class Sequence:
         return 1 + len(self.forks)
 
     @property
+    def allocated(self) -> SeqAlloc:
+        """Its KV allocation: a running sequence has one."""
+        assert self.alloc is not None, "the sequence is not running"
+        return self.alloc
+
+    @property
     def seq_id(self) -> int:
-        assert self.alloc is not None
-        return self.alloc.seq_id
+        return self.allocated.seq_id

@@ -75,7 +75,8 @@ def fetch(spec: dict) -> Path:
         partial.unlink()
         sys.exit(f"error: sha256 mismatch for {spec['file']}: got {got}, expected {spec['sha256']}")
     partial.rename(target)
-    print(f"wrote {target.relative_to(MODELS_DIR.parent)} ({target.stat().st_size / 2**20:.0f} MiB)")
+    size_mib = target.stat().st_size / 2**20
+    print(f"wrote {target.relative_to(MODELS_DIR.parent)} ({size_mib:.0f} MiB)")
     return target
 
 

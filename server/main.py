@@ -9,8 +9,8 @@ from fastapi import Depends, FastAPI, Request, Security
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from server.api import embeddings, models, native, observability, openai, responses, router_info
-from server.http import cors, errors, openapi, protocol
 from server.config import load_settings
+from server.http import cors, errors, openapi, protocol
 from server.http.drain import Drain
 from server.http.edge import Edge
 from server.service.service import Service

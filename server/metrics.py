@@ -15,8 +15,8 @@ import os
 import threading
 import time
 from collections import deque
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, fields
-from typing import Callable, Iterable
 
 import psutil
 from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics
@@ -76,7 +76,7 @@ class ModelState:
         q = self.prefix_query_tokens
         return self.prefix_hit_tokens / q if q else None
 
-    def add(self, stats: "ContextStats | ModelState") -> None:
+    def add(self, stats: ContextStats | ModelState) -> None:
         for f in fields(self):
             setattr(self, f.name, getattr(self, f.name) + getattr(stats, f.name))
 
@@ -135,7 +135,7 @@ def _quantile(sorted_values: list[float], q: float) -> float | None:
 class _ModelMetrics:
     """One model's pre-bound metric children, so a hook is a dict lookup and an inc()."""
 
-    def __init__(self, m: "MetricsObserver", model: str):
+    def __init__(self, m: MetricsObserver, model: str):
         self.prompt_tokens = m.prompt_tokens.labels(model)
         self.generation_tokens = m.generation_tokens.labels(model)
         self.ttft = m.ttft.labels(model)

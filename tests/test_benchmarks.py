@@ -231,7 +231,7 @@ def test_cluster_compares_routing_by_key_and_round_robin(tmp_path):
                  "--result-file", str(out))
     r = json.loads(out.read_text())
     assert set(r["summary"]) == {"round_robin", "manual"}
-    for policy, (run,) in r["runs"].items():
+    for (run,) in r["runs"].values():
         assert run["completed"] + run["failed"] == run["sent"] == 8 and run["failed"] == 0
         assert sum(run["requests_per_replica"]) == 8
         assert 0 < run["prefix_hit_rate"] < 1
@@ -252,7 +252,7 @@ def test_router_split_counts_where_the_router_sends_each_prefix():
                  "--num-prefixes", "2", "--shared-len", "60", "--concurrency", "4",
                  "--delay", "0.05", "--router-args", "--cache-threshold 0.5")
     assert "--cache-threshold 0.5" in proc.stdout.splitlines()[0]
-    lines = [l for l in proc.stdout.splitlines() if l.startswith("seed ")]
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("seed ")]
     assert len(lines) == 2
     for line in lines:
         split = line.split("requests per worker ")[1].split()[0]
@@ -293,6 +293,7 @@ def test_paired_order_and_settings():
 
 def test_paired_table_shows_whole_server_names():
     from types import SimpleNamespace
+
     from benchmarks.paired import table
     row = {"median_tok_s": 1.0, "median_ttft_ms": 2.0, "median_tpot_ms": 3.0, "p99_itl_ms": 4.0,
            "failed": 0}
@@ -318,8 +319,14 @@ def _guidellm_level(streams: int, tok_s: float, tokens: int) -> dict:
 
 
 def test_guidellm_pairs_command_order_and_summary():
-    from benchmarks.guidellm_pairs import (guidellm_command, parse_args, read_levels, run_order,
-                                           summarize, table)
+    from benchmarks.guidellm_pairs import (
+        guidellm_command,
+        parse_args,
+        read_levels,
+        run_order,
+        summarize,
+        table,
+    )
     args = parse_args(["--streams", "1,16", "--prefix-tokens", "512", "--requests", "32",
                        "--a-env", "PAGEDLLAMA_ADAPTIVE_THREADS=0"])
     assert args.levels == [1, 16]

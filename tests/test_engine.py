@@ -91,7 +91,7 @@ def test_manager_view_agrees_with_llama_cpp_after_a_mixed_workload(model, unifie
 
         async def main():
             jobs = []
-            for i in range(14):
+            for _ in range(14):
                 prompt = chat_prompt(model, rng.choice(QUESTIONS), rng.choice(systems))
                 cancel = rng.choice([None, None, 3])
                 jobs.append(generate(worker, prompt, max_tokens=rng.randint(4, 20),
@@ -374,6 +374,7 @@ def test_logits_do_not_depend_on_how_many_sequences_decode_beside(path, flash_at
     path keeps them). Gemma's Q4_K, Q6_K, Q5_0 and Q8_0 tensors cover the kernels its layers
     use; both attention kernels."""
     import numpy as np
+
     from engine.llama import Context, ContextConfig
     if not path.exists():
         pytest.fail(f"{path} is missing: run `make models`")
@@ -417,6 +418,7 @@ def test_logits_do_not_depend_on_the_batch_or_the_thread_count(model, flash_attn
     thread count (measured: up to 0.47 in a logit, 2 of 6 greedy chat answers changed). If that
     case fails after a llama.cpp upgrade, ggml changed its kernel: rethink the reference path."""
     import numpy as np
+
     from engine.llama import Context, ContextConfig
     ctx = Context(model, ContextConfig(n_ctx=1024 * 3, n_seq_max=3, n_batch=64, n_threads=2,
                                        kv_unified=False, flash_attn=flash_attn, kv_type=kv_type))
@@ -472,6 +474,7 @@ def test_flash_attention_computes_every_cut_of_a_prompt_alike(model):
     query rows of one sequence in tiles, other numbers than row by row (the last case, with the
     reference path turned off); engine.Context keeps it on the reference path."""
     import numpy as np
+
     from engine.llama import Context, ContextConfig
     contexts = {name: Context(model, ContextConfig(n_ctx=512 * 2, n_seq_max=2, n_batch=256,
                                                    n_threads=2, kv_unified=False,

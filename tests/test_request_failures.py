@@ -6,9 +6,9 @@ import asyncio
 import numpy as np
 import pytest
 
-from engine import ErrorKind, EngineConfig, Model, Request, Sampler, SamplingParams, Worker
-from engine.grammar import from_gbnf, tokenizer_for
+from engine import EngineConfig, ErrorKind, Model, Request, Sampler, SamplingParams, Worker
 from engine import worker as worker_module
+from engine.grammar import from_gbnf, tokenizer_for
 from scheduler import FinishReason
 from tests.devices import TEST_GPU_LAYERS
 from tests.server_proc import SMOLLM2

@@ -9,13 +9,14 @@ import base64
 from typing import Literal
 
 import numpy as np
-from fastapi import APIRouter, Request as HTTPRequest
+from fastapi import APIRouter
+from fastapi import Request as HTTPRequest
 from pydantic import ConfigDict, Field
 
-from server.http.errors import APIError
-from server.openai.fields import check_fields
 from server.api.models import check_tokens
+from server.http.errors import APIError
 from server.http.openapi import ERROR_RESPONSES
+from server.openai.fields import check_fields
 from server.openai.schemas import Body, Int
 from server.service.models import LoadedModel
 from server.service.service import Service

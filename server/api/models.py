@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import asyncio
 
-from fastapi import APIRouter, Request as HTTPRequest
+from fastapi import APIRouter
+from fastapi import Request as HTTPRequest
 from pydantic import ConfigDict, Field
 
 from server.http.errors import APIError
-from server.openai.fields import check_fields
 from server.http.openapi import ERROR_RESPONSES
+from server.openai.fields import check_fields
 from server.openai.schemas import Body, Bool, Int
 from server.service.models import LoadedModel
 from server.service.service import Service
@@ -19,7 +20,8 @@ router = APIRouter(responses=ERROR_RESPONSES)
 
 
 class TokenizeRequest(Body):
-    model_config = ConfigDict(extra="allow")   # unknown fields: refused by name (server/openai/fields.py)
+    # unknown fields: refused by name (server/openai/fields.py)
+    model_config = ConfigDict(extra="allow")
 
     model: str | None = None
     content: str

@@ -2,20 +2,21 @@
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator
 from dataclasses import asdict
-from typing import AsyncIterator
 
-from fastapi import APIRouter, Request as HTTPRequest
+from fastapi import APIRouter
+from fastapi import Request as HTTPRequest
 from fastapi.responses import JSONResponse
 
 from engine import Request, Worker
 from server.http.errors import error_body
-from server.openai.fields import check_fields, unsupported
 from server.http.openapi import ERROR_RESPONSES, STREAM_ONLY
-from server.openai.schemas import GenerateRequest
-from server.service.service import Service, error_status
 from server.http.sse import EventStream, json_data, message
+from server.openai.fields import check_fields, unsupported
+from server.openai.schemas import GenerateRequest
 from server.openai.structured import grammar_for
+from server.service.service import Service, error_status
 
 router = APIRouter(responses=ERROR_RESPONSES)
 public = APIRouter()

@@ -6,22 +6,27 @@ from __future__ import annotations
 import time
 import uuid
 from collections import defaultdict
-from typing import AsyncIterator
+from collections.abc import AsyncIterator
 
-from fastapi import APIRouter, Request as HTTPRequest
+from fastapi import APIRouter
+from fastapi import Request as HTTPRequest
 
-from server.http.errors import APIError, error_body
-from server.openai.fields import UNSUPPORTED_CHAT, UNSUPPORTED_COMPLETION, check_fields, unsupported
 from server.api.models import model_object
+from server.http.errors import APIError, error_body
 from server.http.openapi import ERROR_RESPONSES, STREAMED
+from server.http.sse import EventStream
+from server.openai.fields import UNSUPPORTED_CHAT, UNSUPPORTED_COMPLETION, check_fields, unsupported
 from server.openai.format import Kind, OpenAIFormat, sse, usage
-from server.openai.schemas import (ChatCompletionRequest, CompletionRequest, SamplingFields,
-                            UnsupportedContent)
+from server.openai.schemas import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    SamplingFields,
+    UnsupportedContent,
+)
 from server.openai.structured import grammar_for
 from server.openai.tools import parse_tools
 from server.service.models import LoadedModel
 from server.service.service import Generation, Service, error_status
-from server.http.sse import EventStream
 
 router = APIRouter(prefix="/v1", responses=ERROR_RESPONSES)
 

@@ -4,16 +4,22 @@ tools it is held to the end, as chat holds it, since only then can a call be tol
 from __future__ import annotations
 
 import json
-from typing import AsyncIterator
+from collections.abc import AsyncIterator
 
-from fastapi import APIRouter, Request as HTTPRequest
+from fastapi import APIRouter
+from fastapi import Request as HTTPRequest
 
 from engine import Worker
 from server.http.errors import APIError, error_body
 from server.http.openapi import ERROR_RESPONSES, RESPONSES_STREAMED
 from server.http.sse import EventStream, message
-from server.openai.responses import (ResponsesRequest, ResponseState, constraints,
-                                     reject_unsupported, to_messages)
+from server.openai.responses import (
+    ResponsesRequest,
+    ResponseState,
+    constraints,
+    reject_unsupported,
+    to_messages,
+)
 from server.service.service import Service, error_status
 
 router = APIRouter(prefix="/v1", responses=ERROR_RESPONSES)

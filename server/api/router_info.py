@@ -12,7 +12,8 @@ All answer from plain reads, like /health; none is behind PAGEDLLAMA_API_KEY.
 """
 from __future__ import annotations
 
-from fastapi import APIRouter, Request as HTTPRequest
+from fastapi import APIRouter
+from fastapi import Request as HTTPRequest
 from fastapi.responses import JSONResponse
 
 from server.service.models import LoadedModel

@@ -16,7 +16,7 @@ import asyncio
 import logging
 import signal
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 log = logging.getLogger("pagedllama.server")
 LAST_EVENTS_SECONDS = 5.0   # after ending what still runs: its last events and [DONE] go out
@@ -77,7 +77,7 @@ class Drain:
                 return
             try:
                 await asyncio.wait_for(self._hurry.wait(), min(left, 0.05))
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
 
     def _exit(self) -> None:

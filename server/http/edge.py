@@ -133,7 +133,7 @@ class Edge:
             return
         except BodyTooLarge:
             return await respond(send, 413, _too_large(limits), "request_too_large")
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return await respond(send, 408, f"the request body did not arrive within "
                                  f"{limits.read_timeout:g} s", "request_timeout",
                                  {"Connection": "close"})

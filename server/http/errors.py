@@ -47,7 +47,8 @@ def printable(text: str) -> str:
     return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
 
 
-def error_body(status: int, message: str, code: str | None = None, param: str | None = None) -> dict:
+def error_body(status: int, message: str, code: str | None = None,
+               param: str | None = None) -> dict:
     return {"error": {"message": printable(message),
                       "type": _TYPES.get(status, "invalid_request_error"),
                       "param": None if param is None else printable(param), "code": code}}

@@ -34,7 +34,8 @@ class EdgeProtocol(H11Protocol):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.conn = h11.Connection(h11.SERVER, max_incomplete_event_size=self.limits.max_header_bytes)
+        self.conn = h11.Connection(h11.SERVER,
+                                   max_incomplete_event_size=self.limits.max_header_bytes)
         self.timeout_keep_alive = self.limits.keepalive_timeout
         self._read_timer: asyncio.TimerHandle | None = None
         self._head_status: int | None = None

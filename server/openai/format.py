@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
 from engine import Request
-from scheduler import FinishReason
 from engine.logprobs import TokenLogprob
+from scheduler import FinishReason
 from server.http.sse import json_data, message
 from server.openai.tools import parse_tool_calls
 
@@ -101,7 +101,8 @@ class OpenAIFormat:
         echo = self.echo_of(c.index)
         text = echo + c.text
         if not self.chat:
-            choice = {"index": c.index, "text": text, "finish_reason": openai_finish(c.finish_reason)}
+            choice = {"index": c.index, "text": text,
+                      "finish_reason": openai_finish(c.finish_reason)}
         else:
             message, reason = self._message(text, c.finish_reason)
             choice = {"index": c.index, "message": message, "finish_reason": reason}
@@ -204,7 +205,8 @@ class OpenAIFormat:
 
     def _payload(self, delta: dict | str, finish: str | None, logprobs: dict | None, index: int,
                  usage) -> dict:
-        choice = ({"index": index, "delta": delta} if self.chat else {"index": index, "text": delta})
+        choice = ({"index": index, "delta": delta} if self.chat
+                  else {"index": index, "text": delta})
         choice.update(logprobs=logprobs, finish_reason=finish)
         payload = {"id": self.id, "object": self.chunk_object, "created": self.created,
                    "model": self.model, "choices": [choice]}

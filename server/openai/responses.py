@@ -20,17 +20,18 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any
 
 from pydantic import ConfigDict, Field
 
 from engine import Request
 from scheduler import FinishReason
 from server.http.errors import APIError
+from server.http.sse import json_data, message
 from server.openai.fields import check_keys, check_stream_options
 from server.openai.schemas import INT32_MAX, Bool, Int, SamplingFields
-from server.http.sse import json_data, message
 from server.openai.structured import text_format_grammar
 from server.openai.tools import ToolCall, ToolUse, parse_tool_calls, parse_tools
 
@@ -273,7 +274,8 @@ class ResponseState:
 
     def usage(self) -> dict:
         n_in, n_out = len(self.req.prompt), self.req.num_output
-        return {"input_tokens": n_in, "input_tokens_details": {"cached_tokens": self.req.num_cached},
+        return {"input_tokens": n_in,
+                "input_tokens_details": {"cached_tokens": self.req.num_cached},
                 "output_tokens": n_out, "output_tokens_details": {"reasoning_tokens": 0},
                 "total_tokens": n_in + n_out}
 

@@ -4,7 +4,8 @@ Numbers and booleans are strict: `"max_tokens": true`, `"max_tokens": "16"`, `"p
 and non-finite floats (`1e400`, `NaN`) are 400s, not coerced. Every string anywhere in a body
 must be valid Unicode: a lone surrogate (`"\\ud800"`, which JSON allows) cannot be encoded to
 UTF-8 for the tokenizer or echoed back, so it is a 400 naming where it was found. Every request
-body (here, and in server/openai/responses.py, server/api/embeddings.py, server/api/models.py) derives
+body (here, and in server/openai/responses.py, server/api/embeddings.py, server/api/models.py)
+derives
 from `Body`, which makes that check.
 """
 from __future__ import annotations
@@ -166,7 +167,7 @@ class ChatMessage(BaseModel):
     tool_call_id: Annotated[str, Field(strict=True)] | None = None
 
     @model_validator(mode="after")
-    def _fields_of_its_role(self) -> "ChatMessage":
+    def _fields_of_its_role(self) -> ChatMessage:
         if self.role == "tool" and self.tool_call_id is None:
             raise PydanticCustomError("field_missing", "a tool message needs 'tool_call_id'",
                                       {"field": "tool_call_id"})

@@ -21,7 +21,6 @@ from server.http.errors import APIError
 from server.openai.fields import check_keys
 from server.openai.schemas import SamplingFields
 
-
 _CODES = {"grammar": "invalid_grammar", "response_format": "invalid_value",
           "text.format": "invalid_value", "text.format.name": "invalid_value"}
 

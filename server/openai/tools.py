@@ -123,7 +123,8 @@ def _choice(tool_choice: Any, names: set[str], responses: bool = False) -> str:
         if responses and tool_choice.get("type") != "function":   # allowed_tools, hosted tools
             raise APIError(400, f"tool_choice of type {tool_choice.get('type')!r} is not "
                            "supported", "unsupported_parameter", "tool_choice")
-        name = tool_choice.get("name") if responses else (tool_choice.get("function") or {}).get("name")
+        fn = tool_choice if responses else (tool_choice.get("function") or {})
+        name = fn.get("name") if isinstance(fn, dict) else None
     if not isinstance(name, str):
         shape = '{"type": "function", "name": ...}' if responses else \
             '{"type": "function", "function": {"name": ...}}'

@@ -2,8 +2,8 @@
 threads for chat-template rendering and tokenization.
 
 Why: llama.cpp's tokenizer is superlinear on text full of special-token strings (seconds for a
-few hundred kilobytes of them: docs/api.md, "Hostile prompts cost little"), so a few such prompts must neither
-delay other requests nor be tokenized at all when they cannot fit:
+few hundred kilobytes of them: docs/api.md, "Hostile prompts cost little"), so a few such
+prompts must neither delay other requests nor be tokenized at all when they cannot fit:
 - `TokenBound` rejects a prompt that cannot fit without tokenizing it: each token covers at
   most its own text's length of input, so sum over the text's bytes of 1 / (longest token text
   holding that byte) is at most the token count (Model.byte_weights). One numpy pass.
@@ -18,8 +18,9 @@ import asyncio
 import heapq
 import itertools
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 

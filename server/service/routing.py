@@ -11,7 +11,8 @@ cheap to leave idle, and a spread load is served faster (1-thread contexts never
 llama.cpp's barriers)."""
 from __future__ import annotations
 
-from typing import Protocol, Sequence
+from collections.abc import Sequence
+from typing import Protocol
 
 LOAD_TOKENS = 64   # what one request in flight is taken to cost: a short prompt's worth
 

@@ -7,23 +7,31 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
-from typing import AsyncIterator
 
 from fastapi import Request as HTTPRequest
 
-from engine import (ChatTemplateError, ErrorKind, Event, Observer, QueueFull, Request,
-                    SamplingParams, Worker)
+from engine import (
+    ChatTemplateError,
+    ErrorKind,
+    Event,
+    Observer,
+    QueueFull,
+    Request,
+    SamplingParams,
+    Worker,
+)
 from engine.logprobs import TokenLogprob
 from scheduler import FinishReason
 from server.config import Settings
 from server.http.errors import APIError
+from server.openai.schemas import SamplingFields
+from server.openai.tools import ToolUse, prompt_input
 from server.service.models import LoadedModel, close_models, load_models
 from server.service.prompts import PromptPool
 from server.service.routing import pick_replica
-from server.openai.schemas import SamplingFields
-from server.openai.tools import ToolUse, prompt_input
 
 log = logging.getLogger("pagedllama.request")
 SHUTDOWN = FinishReason.ABORT   # the finish reason of a request a drain ended (ErrorKind.SHUTDOWN)
@@ -188,10 +196,12 @@ class Service:
 
     # ---- one request --------------------------------------------------------------------------
     def generate(self, lm: LoadedModel, prompts: list[list[int]], body: SamplingFields,
-                 max_tokens: int | None, http: HTTPRequest, grammar: str | None = None) -> Generation:
+                 max_tokens: int | None, http: HTTPRequest,
+                 grammar: str | None = None) -> Generation:
         """Validate and submit one request (body.n choices of each prompt; choice j of prompt i
         has index i * n + j); the stable entry point for every API surface. `grammar` (an
-        llguidance grammar, see server/openai/structured.py) constrains the output token by token."""
+        llguidance grammar, see server/openai/structured.py) constrains the output token by
+        token."""
         parts: list[Part] = []
         try:
             for i, prompt in enumerate(prompts):
@@ -290,7 +300,8 @@ class Service:
                                          error_kind=ErrorKind.SHUTDOWN, index=r.index))
                 worker.cancel(r)
 
-    def _sampling(self, lm: LoadedModel, body: SamplingFields, max_tokens: int | None) -> SamplingParams:
+    def _sampling(self, lm: LoadedModel, body: SamplingFields,
+                  max_tokens: int | None) -> SamplingParams:
         d = lm.spec.defaults
 
         def pick(name: str, fallback):
@@ -356,7 +367,7 @@ class Service:
                             return
                     try:
                         event = await asyncio.wait_for(queue.get(), timeout=0.5)
-                    except asyncio.TimeoutError:
+                    except TimeoutError:
                         continue
                 else:
                     event = await queue.get()
@@ -379,7 +390,7 @@ class Service:
                     worker.cancel(r)
             self._log(http, parts, outcome)
 
-    def _log(self, http: HTTPRequest, parts: list[Part], outcome: "Outcome") -> None:
+    def _log(self, http: HTTPRequest, parts: list[Part], outcome: Outcome) -> None:
         now, (worker, req) = time.monotonic(), parts[0]
         choices = [r for _, p in parts for r in p.group]
         first = req.state.first_token_time

@@ -1,5 +1,6 @@
 """BlockManager behaviour, checked against a fake unified KV cache that applies its ops."""
-from hypothesis import settings, strategies as st
+from hypothesis import settings
+from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from kvcache import BlockManager, CopyOp

@@ -1,7 +1,7 @@
 """Incremental detokenization: whole characters only, stop strings never leak."""
 from engine.detok import TextStream
 
-PIECES = {1: "h".encode(), 2: "é".encode()[:1], 3: "é".encode()[1:], 4: b" world",
+PIECES = {1: b"h", 2: "é".encode()[:1], 3: "é".encode()[1:], 4: b" world",
           5: "😀".encode()[:2], 6: "😀".encode()[2:], 7: b"END", 8: b"E", 9: b"ND", 10: b"x"}
 
 

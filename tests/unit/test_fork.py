@@ -1,6 +1,7 @@
 """n > 1 as one prefill and a fork (Scheduler.fork, BlockManager.fork), with the fake KV cache."""
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from scheduler import Sequence, Status
 from tests.unit.test_scheduler import BS, make, seq, workload_scheduler

@@ -1,5 +1,6 @@
 """LeafQueue: evictable leaves come out least recently used first, however they arrive."""
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from kvcache import Block
 from kvcache.leaves import LeafQueue

@@ -8,8 +8,14 @@ from openai.types.responses import Response, ResponseStreamEvent
 
 from scheduler import FinishReason
 from server.http.errors import APIError
-from server.openai.responses import (ResponsesRequest, ResponseState, constraints, output_items,
-                              reject_unsupported, to_messages)
+from server.openai.responses import (
+    ResponsesRequest,
+    ResponseState,
+    constraints,
+    output_items,
+    reject_unsupported,
+    to_messages,
+)
 from server.openai.tools import parse_tools, render_messages
 from tests.grammar_bytes import accepts
 

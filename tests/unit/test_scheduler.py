@@ -3,7 +3,8 @@ import signal
 from contextlib import contextmanager
 
 import pytest
-from hypothesis import example, given, settings, strategies as st
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
 from kvcache import BlockManager, RestoreOp, SaveOp
 from scheduler import Scheduler, Sequence, Status, make_policy

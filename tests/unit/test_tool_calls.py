@@ -4,8 +4,8 @@ import json
 import pytest
 
 from server.http.errors import APIError
-from tests.grammar_bytes import accepts
 from server.openai.tools import calls_grammar, parse_tool_calls, parse_tools, render_messages
+from tests.grammar_bytes import accepts
 
 WEATHER = {"type": "function", "function": {"name": "weather", "description": "Weather in a city",
            "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
