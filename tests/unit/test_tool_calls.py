@@ -107,3 +107,11 @@ def test_a_call_the_answer_ends_inside_is_left_out_of_the_text():
     # a complete block whose JSON does not parse is still text, as before
     assert parse_tool_calls("<tool_call>not json</tool_call>") == (
         "<tool_call>not json</tool_call>", [])
+
+
+def test_a_tool_choice_whose_function_is_not_an_object_is_a_400_naming_tool_choice():
+    for choice in ({"type": "function", "function": "weather"},
+                   {"type": "function", "function": ["weather"]}):
+        with pytest.raises(APIError) as exc:
+            parse_tools([WEATHER], choice, True)
+        assert exc.value.status == 400 and exc.value.param == "tool_choice"
