@@ -7,6 +7,7 @@ import pytest
 
 from engine import EngineConfig, Model, Request, SamplingParams, Worker
 from tests.devices import TEST_GPU_LAYERS, cpu_exact
+from tests.engine_helpers import idle
 from tests.server_proc import GEMMA3, SMOLLM2
 
 SYSTEM = ("You are a meticulous assistant. Answer briefly, cite facts, avoid speculation, and "
@@ -49,16 +50,6 @@ def run_all(worker, prompts, **kw):
     async def main():
         return await asyncio.gather(*[generate(worker, p, **kw) for p in prompts])
     return asyncio.run(main())
-
-
-def idle(worker):
-    async def wait():
-        for _ in range(400):
-            if not worker.scheduler.has_work() and not worker.inbox:
-                return
-            await asyncio.sleep(0.05)
-        raise AssertionError("worker did not go idle")
-    asyncio.run(wait())
 
 
 def chat_prompt(model, question, system=SYSTEM):

@@ -11,6 +11,7 @@ from engine import worker as worker_module
 from engine.grammar import from_gbnf, tokenizer_for
 from scheduler import FinishReason
 from tests.devices import TEST_GPU_LAYERS
+from tests.engine_helpers import idle
 from tests.server_proc import SMOLLM2
 
 BROKEN_AT_ADMISSION = "<admission fails>"
@@ -81,12 +82,7 @@ def alone(worker, model):
 
 
 def assert_nothing_held(worker):
-    async def settle():
-        for _ in range(100):
-            if not worker.scheduler.has_work() and not worker.inbox:
-                return
-            await asyncio.sleep(0.05)
-    asyncio.run(settle())
+    idle(worker)
     assert worker.outstanding == 0
     assert worker.manager.num_used_blocks == 0 and not worker.manager.live
     assert not worker.scheduler.running and not worker.scheduler.waiting
@@ -98,31 +94,22 @@ def prompts(model):
     return [model.tokenize(p) for p in PROMPTS]
 
 
-def test_a_request_whose_admission_fails_ends_alone_and_the_others_finish(model, worker):
+@pytest.mark.parametrize("marker,at,position", [(BROKEN_AT_ADMISSION, "admission", 2),
+                                                 (BROKEN_AT_SAMPLING, "sampling", 1)])
+def test_a_request_that_fails_ends_alone_and_the_others_finish(model, worker, marker, at,
+                                                              position):
     answers = alone(worker, model)
     jobs = [(p, (), {}) for p in prompts(model)]
-    jobs.insert(2, (prompts(model)[0], [BROKEN_AT_ADMISSION], {}))
+    jobs.insert(position, (prompts(model)[position], [marker], {}))
     results = together(worker, jobs)
-    text, event = results.pop(2)
+    text, event = results.pop(position)
     assert event.finish_reason is FinishReason.ERROR and event.error_kind is ErrorKind.ENGINE
-    assert "injected at admission" in event.error and text == ""
+    assert f"injected at {at}" in event.error
+    assert answers[position].startswith(text)     # what it had sent before was its answer
+    assert bool(text) == (at == "sampling")       # (it fails at its third token)
     assert [text for text, _ in results] == answers
     assert all(event.finish_reason is FinishReason.LENGTH for _, event in results)
     assert_nothing_held(worker)
-
-
-def test_a_request_whose_sampling_fails_ends_alone_and_the_others_finish(model, worker):
-    answers = alone(worker, model)
-    jobs = [(p, (), {}) for p in prompts(model)]
-    jobs.insert(1, (prompts(model)[1], [BROKEN_AT_SAMPLING], {}))
-    results = together(worker, jobs)
-    text, event = results.pop(1)
-    assert event.finish_reason is FinishReason.ERROR and event.error_kind is ErrorKind.ENGINE
-    assert "injected at sampling" in event.error
-    assert text and answers[1].startswith(text)     # what it had sent before was its answer
-    assert [text for text, _ in results] == answers
-    assert_nothing_held(worker)
-    assert worker.steps > 0
 
 
 def test_one_failing_choice_of_n_ends_alone(model, worker):
