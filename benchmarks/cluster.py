@@ -96,8 +96,7 @@ def _delta(after: list[dict], before: list[dict], name: str) -> list[float]:
 
 
 def conversations(args, seed: int) -> list[ds.Conversation]:
-    """The workload's requests in the order the seed shuffles (benchmarks.router_split sends
-    the same)."""
+    """The workload's requests, in the order the seed shuffles."""
     return ds.shared_prefix_dataset(args.num_prompts, 24, args.shared_len, args.num_prefixes,
                                     ds.Calibration(), seed)
 

@@ -245,21 +245,6 @@ def test_cluster_compares_routing_by_key_and_round_robin(tmp_path):
     assert "manual / round_robin throughput" in proc.stdout
 
 
-def test_router_split_counts_where_the_router_sends_each_prefix():
-    """Stand-in workers behind the real router: every request is counted on one worker, and
-    a summary line says in how many bursts the prefixes were spread evenly."""
-    proc = bench("router_split", "--seeds", "0,1", "--bursts", "1", "--num-prompts", "8",
-                 "--num-prefixes", "2", "--shared-len", "60", "--concurrency", "4",
-                 "--delay", "0.05", "--router-args", "--cache-threshold 0.5")
-    assert "--cache-threshold 0.5" in proc.stdout.splitlines()[0]
-    lines = [l for l in proc.stdout.splitlines() if l.startswith("seed ")]
-    assert len(lines) == 2
-    for line in lines:
-        split = line.split("requests per worker ")[1].split()[0]
-        assert sum(map(int, split.split("/"))) == 8, line
-    assert proc.stdout.rstrip().splitlines()[-1].endswith(" of 2 bursts")
-
-
 def test_paired_alternates_slices_and_reports_ratios(server_url, tmp_path):
     """One server as both A and B (tiny): every slice completes, each pair has a ratio."""
     out = tmp_path / "paired.json"
