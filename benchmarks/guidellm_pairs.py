@@ -30,36 +30,31 @@ import tempfile
 from contextlib import ExitStack
 from pathlib import Path
 
-from benchmarks.client import first_model
-from benchmarks.launch import DEFAULT_MODEL, ROOT
-from benchmarks.metrics import write_result
-from benchmarks.neighbor import cpu_seconds, server_process
-from benchmarks.paired import slice_order, start
+from benchmarks.harness.client import first_model
+from benchmarks.harness.launch import ROOT, cpu_seconds, label, server_process, start_server
+from benchmarks.harness.metrics import finish
+from benchmarks.harness.options import add, parser
+from benchmarks.harness.workload import alternate
 
 GUIDELLM = ROOT / ".gl" / "bin" / "guidellm"
 TOKENIZER = ROOT / ".gl" / "tokenizer"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--a", default="ours", choices=["ours", "llama-server"])
-    p.add_argument("--b", default="llama-server", choices=["ours", "llama-server"])
-    p.add_argument("--a-env", action="append", default=[], metavar="PAGEDLLAMA_NAME=VALUE")
-    p.add_argument("--b-env", action="append", default=[], metavar="PAGEDLLAMA_NAME=VALUE")
-    p.add_argument("--rounds", type=int, default=2, help="rounds of one run of each server")
+    sides = ["ours", "llama-server"]
+    p = parser("benchmarks.guidellm_pairs", __doc__, "a", "b", "a_env", "b_env", "rounds",
+               a={"choices": sides, "help": None}, b={"choices": sides, "help": None},
+               rounds={"default": 2, "help": "rounds of one run of each server"})
     p.add_argument("--streams", default="1,4,16", help="guidellm's concurrent levels, in order")
     p.add_argument("--requests", type=int, default=48, help="requests per level")
     p.add_argument("--prompt-tokens", type=int, default=64)
     p.add_argument("--output-tokens", type=int, default=64)
     p.add_argument("--prefix-tokens", type=int, default=0,
                    help="one shared system prompt of this many tokens (0: none)")
-    p.add_argument("--model", default=str(DEFAULT_MODEL))
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--parallel", type=int, default=16, help="llama-server -np")
+    add(p, "model", "threads", "parallel")
     p.add_argument("--guidellm", default=str(GUIDELLM))
     p.add_argument("--tokenizer", default=str(TOKENIZER))
-    p.add_argument("--seed", type=int, default=42)
-    p.add_argument("--result-file", default=None)
+    add(p, "seed", "result_file", seed=42)
     args = p.parse_args(argv)
     args.levels = [int(s) for s in args.streams.split(",")]
     for side in ("a", "b"):
@@ -70,7 +65,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def run_order(rounds: int) -> list[tuple[int, str]]:
     """(round, side) in the order the runs happen: A B, B A, A B, ..."""
-    return [(r, side) for r, pair in enumerate(slice_order(rounds)) for side in pair]
+    return [(r, side) for r in range(rounds) for side in alternate(("A", "B"), r)]
 
 
 def guidellm_command(args, base_url: str, model: str, out: Path) -> list[str]:
@@ -117,7 +112,7 @@ def children_cpu() -> float:
 def run_one(what: str, env: list[str], args, out: Path) -> dict:
     """One server, started fresh, under one guidellm run (every level)."""
     with ExitStack() as stack:
-        base_url = start(stack, what, env, args)
+        base_url = start_server(stack, what, env, args)
         model = first_model(base_url)
         server = server_process(base_url)
         server0, client0 = cpu_seconds(server), children_cpu()
@@ -178,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"{args.guidellm} not found: benchmarks/README.md, "
                          "'guidellm against both servers', installs it")
     sides = {"A": (args.a, args.a_env), "B": (args.b, args.b_env)}
-    names = {side: " ".join([what, *env]) for side, (what, env) in sides.items()}
+    names = {side: label(what, env) for side, (what, env) in sides.items()}
     runs: dict[str, list[dict]] = {"A": [], "B": []}
     with tempfile.TemporaryDirectory() as tmp:
         for r, side in run_order(args.rounds):
@@ -188,10 +183,9 @@ def main(argv: list[str] | None = None) -> int:
                   + ", ".join(f"{lv['streams']} streams {lv['tok_s']:.1f} tok/s"
                               for lv in run["levels"]), flush=True)
     rows = summarize(runs)
-    print(table(rows, runs, names))
-    if args.result_file:
-        write_result(args.result_file, {"benchmark": "guidellm_pairs", "args": vars(args),
-                                        "servers": names, "rows": rows, "runs": runs})
+    finish(table(rows, runs, names), {"benchmark": "guidellm_pairs", "args": vars(args),
+                                      "servers": names, "rows": rows, "runs": runs},
+           args.result_file)
     return 0
 
 

@@ -39,34 +39,26 @@ from pathlib import Path
 import httpx
 import psutil
 
-from benchmarks import datasets as ds
-from benchmarks.client import RequestOutput, first_model, make_client, payload, send
-from benchmarks.launch import (DEFAULT_MODEL, ServerSpec, env_items, find_peer_bin, launched,
-                               llama_server, our_server)
-from benchmarks.metrics import write_result
-from benchmarks.serve import calibrate, warmup
+from benchmarks.harness import datasets as ds
+from benchmarks.harness.client import RequestOutput, first_model, make_client, payload, send
+from benchmarks.harness.launch import (ServerSpec, cpu_seconds, env_items, find_peer_bin,
+                                       launched, llama_server, our_server, server_process)
+from benchmarks.harness.metrics import finish
+from benchmarks.harness.options import CHAT, add, parser
+from benchmarks.harness.workload import calibrate, warmup
 
 NEIGHBOUR = [sys.executable, "-c", "while True: pass"]
-CHAT = "/v1/chat/completions"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.neighbor", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default=str(DEFAULT_MODEL))
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--parallel", type=int, default=16, help="llama-server -np")
-    p.add_argument("--concurrency", type=int, default=4)
-    p.add_argument("--input-len", type=int, default=64)
-    p.add_argument("--output-len", type=int, default=48)
+    p = parser("benchmarks.neighbor", __doc__, "model", "threads", "parallel", "concurrency",
+               "input_len", "output_len", concurrency=4, output_len=48)
     p.add_argument("--phase-seconds", type=float, default=20.0)
     p.add_argument("--settle", type=float, default=3.0, help="seconds skipped at a phase start")
     p.add_argument("--quota", type=float, default=0.0, help="also run inside this CPU quota")
-    p.add_argument("--peer-bin", default=None)
+    add(p, "peer_bin")
     p.add_argument("--no-peer", action="store_true")
-    p.add_argument("--our-env", action="append", default=[], metavar="KEY=VALUE")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--result-file", default=None)
+    add(p, "our_env", "seed", "result_file")
     return p.parse_args(argv)
 
 
@@ -151,22 +143,6 @@ def recovery_time(bins: list[int], t_stop: float, target: float, width: int = 2)
 
 
 # ---- who used the CPU ----------------------------------------------------------------------------
-def server_process(base: str) -> psutil.Process | None:
-    port = int(base.rsplit(":", 1)[1])
-    for conn in psutil.net_connections(kind="tcp"):
-        if conn.laddr and conn.laddr.port == port and conn.status == psutil.CONN_LISTEN and conn.pid:
-            return psutil.Process(conn.pid)
-    return None
-
-
-def cpu_seconds(proc: psutil.Process | None) -> float:
-    try:
-        t = proc.cpu_times() if proc else None
-    except psutil.Error:
-        return 0.0
-    return t.user + t.system if t else 0.0
-
-
 class CpuLedger:
     """Cumulative CPU seconds of the machine, the server, this client and the neighbour."""
 
@@ -414,9 +390,7 @@ def table(results: dict, args) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     results = run(args)
-    print(table(results, args))
-    if args.result_file:
-        write_result(args.result_file, {"args": vars(args), "results": results})
+    finish(table(results, args), {"args": vars(args), "results": results}, args.result_file)
     return 0
 
 

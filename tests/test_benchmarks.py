@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.launch import find_peer_bin
+from benchmarks.harness.launch import find_peer_bin
 from tests.server_proc import ROOT
 
 LATENCY_KEYS = [f"{s}_{m}_ms" for m in ("ttft", "tpot", "itl", "e2el")
@@ -203,7 +203,7 @@ def test_compare_without_peer_binary_skips_cleanly():
 
 
 @pytest.mark.skipif(find_peer_bin() is None,
-                    reason="no llama-server binary (see benchmarks/README.md)")
+                    reason="no llama-server binary (see docs/benchmarks.md)")
 def test_compare_against_llama_server_tiny(tmp_path):
     out = tmp_path / "compare.json"
     bench("compare", "--peer-bin", str(find_peer_bin()), "--parallel", "3",
@@ -262,7 +262,8 @@ def test_paired_alternates_slices_and_reports_ratios(server_url, tmp_path):
 
 
 def test_paired_order_and_settings():
-    from benchmarks.paired import parse_env, parse_sampling, slice_order
+    from benchmarks.harness.launch import parse_env
+    from benchmarks.paired import parse_sampling, slice_order
     assert parse_sampling(["top_p=0.95", "top_k=40", "min_p=0.05"]) == {
         "top_p": 0.95, "top_k": 40, "min_p": 0.05}
     for bad in ("top_p", "top_q=0.9", "top_k=0.5"):
