@@ -1,18 +1,13 @@
-"""Cache-aware vs round-robin routing in front of several replicas (`make cluster`).
-
-The workload of benchmarks.prefix: num_prefixes different ~shared_len-token system prompts,
-each request one of them plus a short question, num_prompts requests, concurrency at a time,
-sent through sglang-router to `replicas` pagedllama replicas of `threads` thread(s) each on this
-machine (cores split between them). Each policy gets a fresh cluster (cold caches). Reported:
-output throughput, TTFT p50/p99, the prefix hit rate summed from the replicas' /metrics
-(prefix_cache_hits_total / prefix_cache_queries_total: prompt tokens) and how many requests
-each replica served.
+"""Routing policies in front of several replicas (`make cluster`): the shared-prefix workload
+through sglang-router to pagedllama replicas on this machine, a fresh cluster per policy;
+throughput, TTFT, the prefix hit rate and the requests each replica served
+(docs/scaling-out.md has the figures).
 
     python -m benchmarks.cluster [--rounds 2] [--result-file results/cluster.json]
     python -m benchmarks.cluster --policies manual,round_robin    # routing by a key
 
 `manual` is sglang-router's routing by a key the client names (here each request's system
-prompt tag in the x-smg-routing-key header; new keys spread over the replicas by count).
+prompt tag in the x-smg-routing-key header).
 """
 from __future__ import annotations
 

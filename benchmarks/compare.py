@@ -1,19 +1,7 @@
-"""Our server and another OpenAI-compatible server, side by side, in one run.
-
-Starts both (ours as a uvicorn subprocess; the peer by default llama.cpp's llama-server with
--np slots and the same per-sequence context), then runs every workload against each, in
-alternating order, with the same prompts, and prints ours/peer ratios next to the targets:
-
-  random-1        random prompts, 1 stream           output tok/s ratio  ≥ 1.0
-  random-16       random prompts, --parallel streams output tok/s ratio  ≥ 1.0
-  shared-prefix   4 long system prompts + questions  throughput ≥ 3×, TTFT p99 ≤ 0.2×
-  interference    8 streams, then a ~2,000-token prompt: largest gap ≤ 1 s
-  repeat          same greedy request twice: identical text for every prompt
-
-The peer binary: --peer-bin, else $LLAMA_SERVER_BIN, else .peer/build/bin/llama-server (what
-scripts/build_llama_server.sh builds), else llama-server on PATH; --peer-cmd runs any other
-server (a template with {port} {model} {threads} {parallel} {ctx} {ctx_total}). Without a peer
-the comparison is skipped (exit 0).
+"""Our server and another OpenAI-compatible server (by default llama.cpp's llama-server), both
+started here, the same workloads (random-1, random-16, shared-prefix, interference, repeat)
+against each in alternating order with the same prompts; ours/peer ratios next to the targets
+(docs/benchmarks.md, "compare"). Without a peer binary the comparison is skipped (exit 0).
 
     python -m benchmarks.compare --threads 2 --parallel 16
 """
@@ -63,7 +51,9 @@ INFO = [   # printed without a target
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = parser("benchmarks.compare", __doc__, "peer_bin")
-    p.add_argument("--peer-cmd", default=None, help="any server command template (see above)")
+    p.add_argument("--peer-cmd", default=None,
+                   help="any server's command instead, with {port} {model} {threads} {parallel} "
+                        "{ctx} {ctx_total} filled in")
     p.add_argument("--peer-args", default="", help="extra arguments for llama-server")
     p.add_argument("--peer-name", default=None, help="the peer's name in the report")
     add(p, "model", "threads", "parallel", "n_ctx", "our_env",

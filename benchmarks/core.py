@@ -1,10 +1,7 @@
-"""Our server against the engine ceiling, same model, threads and batch shape (issue 2).
-
-N streams each generate M tokens greedily (ignore_eos) from random token-id prompts of
---input-len tokens: once through our server (a subprocess started here, or --base-url), all N
-requests sent at once to /v1/completions, and once through the raw batched llama_decode loop
-(benchmarks/tools/ceiling.py) in this process, with the same prompts. Output tok/s of both counts every
-output token over the whole run (prefill included); server/raw is printed next to the target.
+"""Our server against the engine ceiling: the same random token-id prompts, N streams of M
+greedy tokens, through our server and through the raw batched llama_decode loop
+(benchmarks/tools/ceiling.py) with the same model, threads and batch shape; server/raw output
+tok/s next to the target (docs/benchmarks.md, "engine and core").
 
     python -m benchmarks.core --streams 1,16 --input-len 64 --output-len 128 --threads 2
 """
@@ -24,7 +21,7 @@ from benchmarks.harness.options import add, parser
 from benchmarks.harness.workload import alternate, run_workload, warmup
 from benchmarks.tools.ceiling import Ceiling, CeilingConfig
 
-TARGETS = {1: 0.9, 16: 0.85}   # server/raw output tok/s (issue 2)
+TARGETS = {1: 0.9, 16: 0.85}   # server/raw output tok/s, by streams
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -1,21 +1,12 @@
-"""guidellm as the client, against two servers run one after the other in alternating order.
-
-The shared-CPU issue's idle targets are measured with guidellm too (the client vLLM's users
-benchmark with). guidellm runs one server at a time and costs ~0.45 of a core itself, and these
-2-core VMs drift by ±10-20 % within minutes, so a single run of each server says little. This
-runs A, B, then B, A, then A, B, ... (a fresh server each time, cold caches) and reports, per
-concurrency level, each round's ratio A/B (the two runs of a round are neighbours) and their
-median, with each server's CPU seconds per output token over its guidellm run and guidellm's own
-CPU.
+"""guidellm as the client, against two servers started fresh one after the other in alternating
+order (A B, B A, ...): per concurrency level each round's A/B throughput ratio and their median,
+and each server's CPU per output token. guidellm and its tokenizer live in `.gl/`
+(docs/benchmarks.md, "guidellm against both servers").
 
     python -m benchmarks.guidellm_pairs                          # ours vs llama-server, 1/4/16
     python -m benchmarks.guidellm_pairs --streams 16 --prompt-tokens 16 --output-tokens 32 \\
         --prefix-tokens 512 --requests 32                        # the shared-prefix workload
     python -m benchmarks.guidellm_pairs --a ours --a-env PAGEDLLAMA_ADAPTIVE_THREADS=0 --b ours
-
-guidellm lives in its own virtual environment with a tokenizer written from the GGUF
-(benchmarks/README.md, "guidellm against both servers": `.gl/bin/guidellm`, `.gl/tokenizer`).
-A and B are `ours` (settings with --a-env / --b-env) or `llama-server`.
 """
 from __future__ import annotations
 
@@ -78,7 +69,7 @@ def guidellm_command(args, base_url: str, model: str, out: Path) -> list[str]:
             "--tokenizer", f"kind=huggingface_auto,model={args.tokenizer}",
             "--seed", f"kind=static,value={args.seed}",
             "--data", data, "--profile", f"kind=concurrent,{streams}",
-            # every request finishes: a cut run counts whole waves (benchmarks/README.md)
+            # every request finishes: a cut run counts whole waves (docs/benchmarks.md)
             "--constraint", f"kind=max_requests,count={args.requests}",
             "--constraint", "kind=max_duration,seconds=600",
             "--output", f"kind=json,path={out}", "--disable-progress"]
@@ -170,7 +161,7 @@ def table(rows: list[dict], runs: dict[str, list[dict]], names: dict[str, str]) 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if not Path(args.guidellm).exists():
-        raise SystemExit(f"{args.guidellm} not found: benchmarks/README.md, "
+        raise SystemExit(f"{args.guidellm} not found: docs/benchmarks.md, "
                          "'guidellm against both servers', installs it")
     sides = {"A": (args.a, args.a_env), "B": (args.b, args.b_env)}
     names = {side: label(what, env) for side, (what, env) in sides.items()}

@@ -1,12 +1,6 @@
-"""A long prompt arrives while streams are running: how long do the streams stall?
-
-N streams (short random prompts, ignore_eos) run until each has sent --settle-tokens chunks,
-then --baseline seconds more; then one ~--long-len-token prompt arrives. When it has finished,
-the streams run --tail seconds more and are stopped. Reported: the long prompt's TTFT, the
-streams' inter-token gaps (p50, p99 and the largest: p99 hides a stall that happens once per
-stream) from the moment all streams were running (their own start-up, N prompts prefilling at
-once, is a different scenario and is left out) and during the long prompt, and what the streams
-produced while it was in prefill.
+"""A long prompt arrives while streams are running: how long do the streams stall? The long
+prompt's TTFT and the streams' inter-token gaps (p50, p99, the largest) while all of them run
+and while the long prompt is in prefill (docs/benchmarks.md, "interference and repeat").
 
     python -m benchmarks.interference --base-url http://127.0.0.1:8000 --streams 8 --long-len 2000
 """

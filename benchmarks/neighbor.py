@@ -1,28 +1,9 @@
-"""Shared machines: the same workload alone, next to one busy process, and inside a CPU quota.
+"""A machine that is not ours alone: a steady load on our server (and llama-server when one is
+found) alone, next to one busy process, alone again, and with --quota inside a CPU quota; the
+throughput kept, how soon it recovers, and who used the cores in each phase
+(docs/benchmarks.md, "neighbor").
 
-    python -m benchmarks.neighbor [--peer-bin .peer/build/bin/llama-server]
-
-For each server (ours, then llama-server when one is found) a steady load runs without pause
-(--concurrency streams of random chat prompts, --output-len tokens each, ignore_eos) through
-three phases of --phase-seconds: alone, next to a busy process (`python3 -c "while True:
-pass"`, the neighbour), and alone again after the neighbour stops. Output tokens are counted
-from the chunk times of every stream (one chunk per token for both servers) in 1-second bins:
-
-  alone tok/s        the first phase (its first --settle seconds skipped)
-  shared tok/s       the neighbour phase, the same way; kept = shared / alone
-  recovery s         after the neighbour stops, the time until a sliding 2-second window first
-                     reaches 95% of the alone rate (this reads the machine's drift too: when
-                     the after phase as a whole runs below 95% of the alone one, it never does)
-  threads back s     ours only: after the neighbour stops, the time until /health (polled
-                     every 0.25 s) shows every context on its alone-phase thread count again
-
-With --quota (as root, cgroup v2 or v1 cpu controller) each server also runs alone inside a CPU
-quota of --quota cores, in a cgroup of its own; kept = quota / alone.
-
-Our server logs each thread change; their count and our final thread count are printed.
-The machine is measured too: for each phase, the cores everything else used (all busy time
-minus the server, this benchmark client and the neighbour), so a run disturbed by some other
-process shows it ("background" in the results).
+    python -m benchmarks.neighbor [--peer-bin .peer/build/bin/llama-server] [--quota 1.5]
 """
 from __future__ import annotations
 

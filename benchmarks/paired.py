@@ -1,22 +1,11 @@
-"""Two servers measured side by side, interleaved in short slices.
-
-Both servers run at once (the one not being measured is idle: no CPU), and slices of the same
-closed-loop workload alternate A B, B A, A B, ... with the same prompts for both halves of a
-pair. Why: on the 2-core VMs these benchmarks run on, the machine itself slows down under
-sustained load (one decode stream: 117 tok/s in the first 5 s, ~85 after 20 s, partly back after
-a pause; README, "Measuring on these machines"), so back-to-back whole runs of one server and
-then the other compare the machine's state as much as the servers. Interleaving gives both the
-same drift; the ratio of each pair and their median is the figure to quote.
+"""Two servers side by side, interleaved: both up at once, short slices of the same closed-loop
+workload (random chat prompts) alternating A B, B A, ... with the same prompts within a pair;
+the A/B throughput ratio of each pair and their median, for machines whose speed drifts under
+load (docs/benchmarks.md, "paired").
 
     python -m benchmarks.paired                       # ours vs llama-server, 4 concurrent
     python -m benchmarks.paired --a ours --a-env PAGEDLLAMA_FLASH_ATTN=0 --b ours
     python -m benchmarks.paired --a http://127.0.0.1:8000 --b http://127.0.0.1:8080
-
-A and B are each `ours` (started with --a-env / --b-env PAGEDLLAMA_NAME=VALUE, repeated for
-more settings), `llama-server` (the binary benchmarks.compare finds) or the URL of a server
-already running on this machine. The workload
-is benchmarks.serve's: random chat prompts of ~--input-len tokens, --output-len tokens out
-(ignore_eos), --concurrency at a time, --slice requests a slice.
 """
 from __future__ import annotations
 

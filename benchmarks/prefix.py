@@ -1,10 +1,6 @@
-"""Prefix caching, measured side by side in one run:
-
-1. TTFT of a request whose ~1,000-token prefix is cached vs the same request cold
-   (target: cached <= 0.2x cold);
-2. a shared-prefix workload (several ~500-token system prompts, 64+ requests, 16 concurrent)
-   against our server with prefix caching on and off, alternating: throughput ratio (target >= 3x)
-   and the prefix hit rate.
+"""Prefix caching, side by side in one run: the TTFT of a request whose ~--prefix-len-token
+prefix is cached against the same request cold, and a shared-prefix workload against our server
+with prefix caching on and off (throughput ratio, hit rate), each next to its target.
 
     python -m benchmarks.prefix [--quick]
 """

@@ -1,10 +1,6 @@
-"""The same greedy request twice: does the answer served from the prompt cache match?
-
-For each of N prompts (random text of ~--input-len tokens, unique per prompt), the same request
-(temperature 0) is sent twice, one after the other; the second finds the prompt in the server's
-cache. Counts the prompts whose two answers are identical, and reports the cached prompt tokens
-of the second request when the server says (usage.prompt_tokens_details or llama-server's
-timings.cache_n).
+"""The same greedy request twice, the second served from the prompt cache: are the two answers
+identical? Also the second request's cached prompt tokens when the server reports them
+(docs/benchmarks.md, "interference and repeat").
 
     python -m benchmarks.repeat --base-url http://127.0.0.1:8000 --num-prompts 10
 """

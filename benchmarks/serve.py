@@ -1,13 +1,9 @@
-"""Serving benchmark for an OpenAI-compatible server, modelled on `vllm bench serve`.
+"""Serving benchmark for an OpenAI-compatible server, modelled on `vllm bench serve`: streamed
+requests from a dataset (random, shared-prefix, chat), TTFT, TPOT, ITL, end-to-end latency and
+throughput; bounded, and loopback servers only (docs/benchmarks.md, "serve").
 
-    python -m benchmarks.serve --base-url http://127.0.0.1:8000 --dataset random \
+    python -m benchmarks.serve --base-url http://127.0.0.1:8000 --dataset random \\
         --num-prompts 64 --max-concurrency 16 --input-len 64 --output-len 64 --ignore-eos
-
-Every request streams (SSE); TTFT is the time to the first chunk with text, ITL the gaps between
-text chunks, TPOT (E2E − TTFT)/(output tokens − 1). Token counts come from the server's usage
-(stream_options.include_usage); a server that sends none is counted one token per chunk.
-Bounded: at most MAX_PROMPTS requests, --request-timeout per request, --time-limit in all, and
-only loopback servers.
 """
 from __future__ import annotations
 

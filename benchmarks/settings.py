@@ -1,15 +1,6 @@
-"""Engine settings side by side, without HTTP: the scheduler and llama.cpp context of our server
-(engine/worker.py), driven in this process by a closed loop of C concurrent requests.
-
-Each --set is one configuration: PAGEDLLAMA_* engine settings as NAME=VALUE pairs, on top of
-the server's defaults (here: THREADS=2, ADAPTIVE_THREADS=0 and N_CTX=512 unless set, so the
-figures do not follow what the rest of the machine does). One context per configuration is
-loaded up front; the rounds alternate between them (reversed every other round), so that drift
-of the machine's speed falls on all of them alike. Each request: --input-len random token ids,
-the first --shared-head of them the same in every request (a chat template's header), then
---output-len tokens, greedy, ignoring EOS. Printed per configuration: output tok/s of each
-round and their median, TTFT p50 / p99, per-request ITL p50 (each request's decode time over its
-gaps), the p99 of every gap between two tokens, and the median's ratio to the first --set.
+"""Engine settings side by side without HTTP: our scheduler and llama.cpp context (engine/worker.py)
+in this process, one per --set of PAGEDLLAMA_* settings, driven by a closed loop of concurrent
+requests in rounds that alternate between them (docs/benchmarks.md, "settings").
 
     python -m benchmarks.settings --set MAX_SEQS=16 --set MAX_SEQS=10 --concurrency 16
 """

@@ -1,13 +1,6 @@
-"""Structured output cost and correctness (issue 13).
-
-1. Throughput: the same chat requests at 16 concurrent, constrained by a JSON schema
-   (response_format json_schema), unconstrained, and with logprobs; output tok/s and ratios.
-2. Correctness: N requests over varied schemas (sampled, temperature 0.8); how many parse and
-   validate, and how many were cut by max_tokens.
-3. n > 1 costs one prefill: TTFT of an n=4 request next to an n=1 request with a prompt of the
-   same length (~400 tokens; each request's prompt starts differently, so none is taken from
-   the prefix cache), alternating, medians. TTFT is the first token of any choice and, for
-   n=4, also the first token of every choice.
+"""Structured output, measured against our server: throughput with a JSON schema, unconstrained
+and with logprobs; how many answers over varied schemas validate; and the TTFT of an n=4
+request against an n=1 request with a prompt of the same length (docs/api.md has the figures).
 
     python -m benchmarks.structured [--requests 32] [--schema-requests 200] [--only n]
 """

@@ -26,7 +26,9 @@ OPTIONS: dict[str, tuple[tuple[str, ...], dict]] = {
     "n_ctx": _option("--n-ctx", type=int, default=2048, help="context per sequence"),
     "our_env": _option("--our-env", action="append", default=[], metavar="KEY=VALUE",
                        help="extra environment for our server (PAGEDLLAMA_...)"),
-    "peer_bin": _option("--peer-bin", default=None, help="llama-server binary"),
+    "peer_bin": _option("--peer-bin", default=None,
+                        help="llama-server binary (default: $LLAMA_SERVER_BIN, "
+                             ".peer/build/bin/llama-server, or llama-server on PATH)"),
     "a": _option("--a", default="ours", help="ours, llama-server or a loopback URL"),
     "b": _option("--b", default="llama-server", help="ours, llama-server or a loopback URL"),
     "a_env": _option("--a-env", action="append", default=[], metavar="PAGEDLLAMA_NAME=VALUE",
