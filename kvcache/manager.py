@@ -10,7 +10,8 @@ evicting a holder's block trims its cells back to the end of the nearest ancesto
 the blocks between (shared from another seq id, or twins swapped for its own) are not its to keep.
 Eviction takes the least recently released leaf from a LeafQueue kept in that order as blocks are
 released, referenced again and gain or lose cached children: O(1) amortised, where scanning every
-unreferenced block for the first leaf cost up to 1.4 ms at 100k cached blocks (benchmarks.evict).
+unreferenced block for the first leaf cost up to 1.4 ms at 100k cached blocks (measurement log,
+2026-11-22).
 
 A new sequence whose prompt starts with cached blocks gets them by CopyOp (llama_memory_seq_cp
 from the owner of the last matched block, which holds the whole chain): zero-copy in a unified
