@@ -1,3 +1,4 @@
-"""Benchmarks: serving (`serve`), engine ceiling (`engine`, `core`), scenarios (`interference`,
-`repeat`), the side-by-side comparison with another server (`compare`) and prefix-cache eviction
-(`evict`). See README.md."""
+"""Benchmarks: one module per scenario, each run as `python -m benchmarks.<name>` (serve, engine,
+core, settings, interference, chunking, repeat, paired, compare, cluster, prefix, preemption,
+structured, neighbor, replicas, guidellm_pairs), on the shared pieces in `harness/`;
+`tools/` measures llama.cpp itself. What each measures: docs/benchmarks.md."""

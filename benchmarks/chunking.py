@@ -1,14 +1,7 @@
-"""Chunked prefill on and off, side by side in one run: 8 streams are running when a
-~2,000-token prompt arrives (the `interference` scenario). For each setting our server is started
-afresh; settings alternate when --reps > 1 and the median of each figure is kept.
-
-Settings: `--chunks 16,32,64` are prefill grids (PAGEDLLAMA_PREFILL_CHUNK; a step computes at
-most one grid cell of a prompt besides the running streams' decode tokens); `off` computes the
-whole prompt in one llama_decode (PREFILL_CHUNK and MAX_BATCH_TOKENS large enough for it).
-
-Printed per setting: the streams' inter-token gaps over their whole run (p50, p99, p99/p50,
-largest) and the long prompt's TTFT, next to the targets (issue 4: p99 <= 2x p50 with chunking;
-issue 8: largest gap <= 1 s).
+"""Chunked prefill against no chunking: the `interference` scenario (streams running when a
+long prompt arrives) against our server restarted with each prefill grid of --chunks and with
+chunking off, alternating; the streams' gaps and the long prompt's TTFT next to the targets
+(docs/benchmarks.md, "interference and repeat").
 
     python -m benchmarks.chunking [--chunks 16,32,64] [--reps 1] [--quick]
 """
@@ -16,38 +9,29 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import signal
 import statistics
 import sys
 from pathlib import Path
 
 from benchmarks import interference
-from benchmarks.launch import DEFAULT_MODEL, launched, our_server
-from benchmarks.metrics import write_result
+from benchmarks.harness.launch import launched, our_server, stop_servers_on_sigterm
+from benchmarks.harness.metrics import finish, ruled
+from benchmarks.harness.options import add, parser
+from benchmarks.harness.workload import alternate
 
-TARGET_RATIO = 2.0    # issue 4: p99 <= 2x p50 with chunking
-TARGET_GAP_S = 1.0    # issue 8: largest gap <= 1 s
+TARGET_RATIO = 2.0    # the streams' ITL p99 <= 2x their p50 with chunking
+TARGET_GAP_S = 1.0    # no stream waits more than 1 s for its next token
 FIGURES = ["itl_p50_ms", "itl_p99_ms", "max_gap_s", "during_long_itl_p50_ms",
            "during_long_itl_p99_ms", "long_ttft_s", "stream_tok_s_during_long_prefill"]
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.chunking", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default=str(DEFAULT_MODEL))
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--n-ctx", type=int, default=2048)
+    p = parser("benchmarks.chunking", __doc__, "model", "threads", "n_ctx")
     p.add_argument("--chunks", default="16,32,64", help="prefill grids to try (chunking on)")
     p.add_argument("--no-off", action="store_true", help="skip the chunking-off run")
     p.add_argument("--max-batch-tokens", type=int, default=256, help="with chunking on")
-    p.add_argument("--streams", type=int, default=8)
-    p.add_argument("--long-len", type=int, default=2000)
-    p.add_argument("--stream-output-len", type=int, default=1024)
-    p.add_argument("--reps", type=int, default=1)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--time-limit", type=float, default=900.0, help="per run")
-    p.add_argument("--quick", action="store_true", help="a tiny run for tests")
-    p.add_argument("--result-file", default=None)
+    add(p, "streams", "long_len", "stream_output_len", "reps", "seed", "time_limit", "quick",
+        "result_file", time_limit={"default": 900.0, "help": "per run"})
     args = p.parse_args(argv)
     if args.quick:
         args.chunks, args.streams, args.long_len, args.stream_output_len = "32", 2, 300, 400
@@ -84,24 +68,20 @@ def one_run(args, env: dict[str, str]) -> dict:
 def table(summary: dict[str, dict]) -> str:
     head = (f"{'setting':>9} {'ITL p50':>8} {'p99':>7} {'p99/p50':>8} {'largest gap':>12} "
             f"{'p50 during long':>16} {'long TTFT':>10}")
-    lines = [head, "-" * len(head)]
-    for name, s in summary.items():
-        lines.append(f"{name:>9} {s['itl_p50_ms']:>6.0f}ms {s['itl_p99_ms']:>5.0f}ms "
-                     f"{s['p99_over_p50']:>7.1f}x {s['max_gap_s']:>11.2f}s "
-                     f"{s['during_long_itl_p50_ms']:>14.0f}ms {s['long_ttft_s']:>9.1f}s")
-    lines.append(f"targets: p99/p50 <= {TARGET_RATIO:.0f}x with chunking (llama-server measured "
-                 f"here: 3.1x); largest gap <= {TARGET_GAP_S:.0f} s (llama-server: 6.5 s)")
-    return "\n".join(lines)
+    rows = [f"{name:>9} {s['itl_p50_ms']:>6.0f}ms {s['itl_p99_ms']:>5.0f}ms "
+            f"{s['p99_over_p50']:>7.1f}x {s['max_gap_s']:>11.2f}s "
+            f"{s['during_long_itl_p50_ms']:>14.0f}ms {s['long_ttft_s']:>9.1f}s"
+            for name, s in summary.items()]
+    rows.append(f"targets: p99/p50 <= {TARGET_RATIO:.0f}x with chunking (llama-server measured "
+                f"here: 3.1x); largest gap <= {TARGET_GAP_S:.0f} s (llama-server: 6.5 s)")
+    return ruled(head, rows)
 
 
 def run(args) -> dict:
     envs = settings(args)
     runs: dict[str, list[dict]] = {name: [] for name in envs}
     for rep in range(args.reps):
-        order = list(envs.items())
-        if rep % 2:
-            order.reverse()
-        for name, env in order:
+        for name, env in alternate(list(envs.items()), rep):
             print(f"[{rep + 1}/{args.reps}] {name}", file=sys.stderr, flush=True)
             runs[name].append(one_run(args, env))
     summary = {}
@@ -123,13 +103,11 @@ def run(args) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))   # unwind: stop the server
+    stop_servers_on_sigterm()
     result = run(args)
-    print(f"chunked prefill · {Path(args.model).name} · {args.threads} threads · {args.streams} "
-          f"streams + one {args.long_len}-token prompt · {args.reps} rep(s), median")
-    print(table(result["summary"]))
-    if args.result_file:
-        write_result(args.result_file, result)
+    finish(f"chunked prefill · {Path(args.model).name} · {args.threads} threads · {args.streams} "
+           f"streams + one {args.long_len}-token prompt · {args.reps} rep(s), median\n"
+           + table(result["summary"]), result, args.result_file)
     return 0 if not any(s.get("failed") for s in result["summary"].values()) else 1
 
 

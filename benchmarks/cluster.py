@@ -1,18 +1,13 @@
-"""Cache-aware vs round-robin routing in front of several replicas (`make cluster`).
-
-The workload of benchmarks.prefix: num_prefixes different ~shared_len-token system prompts,
-each request one of them plus a short question, num_prompts requests, concurrency at a time,
-sent through sglang-router to `replicas` pagedllama replicas of `threads` thread(s) each on this
-machine (cores split between them). Each policy gets a fresh cluster (cold caches). Reported:
-output throughput, TTFT p50/p99, the prefix hit rate summed from the replicas' /metrics
-(prefix_cache_hits_total / prefix_cache_queries_total: prompt tokens) and how many requests
-each replica served.
+"""Routing policies in front of several replicas (`make cluster`): the shared-prefix workload
+through sglang-router to pagedllama replicas on this machine, a fresh cluster per policy;
+throughput, TTFT, the prefix hit rate and the requests each replica served
+(docs/scaling-out.md has the figures).
 
     python -m benchmarks.cluster [--rounds 2] [--result-file results/cluster.json]
     python -m benchmarks.cluster --policies manual,round_robin    # routing by a key
 
 `manual` is sglang-router's routing by a key the client names (here each request's system
-prompt tag in the x-smg-routing-key header; new keys spread over the replicas by count).
+prompt tag in the x-smg-routing-key header).
 """
 from __future__ import annotations
 
@@ -25,36 +20,31 @@ import sys
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from benchmarks import datasets as ds
-from benchmarks.metrics import write_result
-from benchmarks.serve import run_workload
+from benchmarks.harness import datasets as ds
+from benchmarks.harness.client import first_model
+from benchmarks.harness.metrics import finish
+from benchmarks.harness.options import CHAT, add, parser
+from benchmarks.harness.workload import run_workload
 from cluster.launch import ROUTING_KEY_HEADER, Cluster, ClusterSpec, free_cluster_port
 
-ENDPOINT = "/v1/chat/completions"
 COUNTERS = ("pagedllama:prefix_cache_hits_total", "pagedllama:prefix_cache_queries_total",
             "pagedllama:request_success_total")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p = parser("benchmarks.cluster", __doc__)
     p.add_argument("--replicas", type=int, default=2)
-    p.add_argument("--threads", type=int, default=1, help="llama.cpp threads per replica")
+    add(p, "threads", threads={"default": 1, "help": "llama.cpp threads per replica"})
     p.add_argument("--policies", default="cache_aware,round_robin")
-    p.add_argument("--num-prefixes", type=int, default=4)
-    p.add_argument("--shared-len", type=int, default=500, help="tokens of each system prompt")
-    p.add_argument("--num-prompts", type=int, default=64)
-    p.add_argument("--concurrency", type=int, default=16)
-    p.add_argument("--output-len", type=int, default=32)
-    p.add_argument("--request-rate", type=float, default=math.inf,
-                   help="requests a second, Poisson arrivals (default: inf, all at once, at "
-                        "most --concurrency in flight)")
+    add(p, "num_prefixes", "shared_len", "num_prompts", "concurrency", "output_len",
+        "request_rate", output_len=32,
+        request_rate={"help": "requests a second, Poisson arrivals (default: inf, all at once, "
+                              "at most --concurrency in flight)"})
     p.add_argument("--router-args", default="",
                    help="more sglang-router flags, e.g. '--balance-abs-threshold 8'")
     p.add_argument("--no-pin", action="store_true", help="do not pin replicas to their cores")
-    p.add_argument("--rounds", type=int, default=1, help="alternations of the policies")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--quick", action="store_true", help="a tiny run for tests")
-    p.add_argument("--result-file", default=None)
+    add(p, "rounds", "seed", "quick", "result_file",
+        rounds={"help": "alternations of the policies"})
     args = p.parse_args(argv)
     if args.quick:
         args.num_prefixes, args.shared_len, args.num_prompts = 2, 150, 8
@@ -96,8 +86,7 @@ def _delta(after: list[dict], before: list[dict], name: str) -> list[float]:
 
 
 def conversations(args, seed: int) -> list[ds.Conversation]:
-    """The workload's requests in the order the seed shuffles (benchmarks.router_split sends
-    the same)."""
+    """The workload's requests, in the order the seed shuffles."""
     return ds.shared_prefix_dataset(args.num_prompts, 24, args.shared_len, args.num_prefixes,
                                     ds.Calibration(), seed)
 
@@ -106,7 +95,7 @@ async def _workload(url: str, model: str, args, seed: int, policy: str) -> dict:
     convs = conversations(args, seed)
     # the manual policy routes by a key the client names: here the system prompt's tag
     headers_for = ((lambda conv: {ROUTING_KEY_HEADER: conv.tag}) if policy == "manual" else None)
-    report, _ = await run_workload(url, ENDPOINT, model, convs, max_concurrency=args.concurrency,
+    report, _ = await run_workload(url, CHAT, model, convs, max_concurrency=args.concurrency,
                                    request_rate=args.request_rate,
                                    output_len=args.output_len, ignore_eos=True, seed=seed,
                                    desc="shared-prefix", headers_for=headers_for)
@@ -122,7 +111,7 @@ def run_policy(policy: str, args, seed: int) -> dict:
                        router_args=args.router_args.split(), pin=not args.no_pin)
     with Cluster(spec) as cluster:
         urls = [r.url for r in cluster.replicas]
-        model = httpx.get(f"{urls[0]}/v1/models", trust_env=False).json()["data"][0]["id"]
+        model = first_model(urls[0])
         before, health_before = replica_counters(urls), [replica_health(u) for u in urls]
         report = asyncio.run(_workload(spec.url, model, args, seed, policy))
         after, health_after = replica_counters(urls), [replica_health(u) for u in urls]
@@ -192,9 +181,7 @@ def summary_table(summary: dict, args) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     result = run(args)
-    print(summary_table(result["summary"], args))
-    if args.result_file:
-        write_result(args.result_file, result)
+    finish(summary_table(result["summary"], args), result, args.result_file)
     return 0
 
 

@@ -1,19 +1,7 @@
-"""Our server and another OpenAI-compatible server, side by side, in one run.
-
-Starts both (ours as a uvicorn subprocess; the peer by default llama.cpp's llama-server with
--np slots and the same per-sequence context), then runs every workload against each, in
-alternating order, with the same prompts, and prints ours/peer ratios next to the targets:
-
-  random-1        random prompts, 1 stream           output tok/s ratio  ≥ 1.0
-  random-16       random prompts, --parallel streams output tok/s ratio  ≥ 1.0
-  shared-prefix   4 long system prompts + questions  throughput ≥ 3×, TTFT p99 ≤ 0.2×
-  interference    8 streams, then a ~2,000-token prompt: largest gap ≤ 1 s
-  repeat          same greedy request twice: identical text for every prompt
-
-The peer binary: --peer-bin, else $LLAMA_SERVER_BIN, else .peer/build/bin/llama-server (what
-scripts/build_llama_server.sh builds), else llama-server on PATH; --peer-cmd runs any other
-server (a template with {port} {model} {threads} {parallel} {ctx} {ctx_total}). Without a peer
-the comparison is skipped (exit 0).
+"""Our server and another OpenAI-compatible server (by default llama.cpp's llama-server), both
+started here, the same workloads (random-1, random-16, shared-prefix, interference, repeat)
+against each in alternating order with the same prompts; ours/peer ratios next to the targets
+(docs/benchmarks.md, "compare"). Without a peer binary the comparison is skipped (exit 0).
 
     python -m benchmarks.compare --threads 2 --parallel 16
 """
@@ -22,20 +10,21 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import signal
 import statistics
 import sys
 import time
 from contextlib import ExitStack
 from pathlib import Path
 
-from benchmarks import datasets as ds
 from benchmarks import interference, repeat
-from benchmarks.client import first_model
-from benchmarks.launch import (DEFAULT_MODEL, command_exists, env_items, find_peer_bin, launched,
-                               llama_server, our_server, peer_from_template)
-from benchmarks.metrics import write_result
-from benchmarks.serve import calibrate, run_workload, warmup
+from benchmarks.harness import datasets as ds
+from benchmarks.harness.client import first_model
+from benchmarks.harness.launch import (command_exists, env_items, find_peer_bin, launched,
+                                       llama_server, our_server, peer_from_template,
+                                       stop_servers_on_sigterm)
+from benchmarks.harness.metrics import finish, ruled
+from benchmarks.harness.options import add, parser
+from benchmarks.harness.workload import alternate, calibrate, run_workload, warmup
 
 WORKLOADS = ("random-1", "random-16", "shared-prefix", "interference", "repeat")
 
@@ -61,44 +50,33 @@ INFO = [   # printed without a target
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.compare", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--peer-bin", default=None, help="llama-server binary")
-    p.add_argument("--peer-cmd", default=None, help="any server command template (see above)")
+    p = parser("benchmarks.compare", __doc__, "peer_bin")
+    p.add_argument("--peer-cmd", default=None,
+                   help="any server's command instead, with {port} {model} {threads} {parallel} "
+                        "{ctx} {ctx_total} filled in")
     p.add_argument("--peer-args", default="", help="extra arguments for llama-server")
     p.add_argument("--peer-name", default=None, help="the peer's name in the report")
-    p.add_argument("--model", default=str(DEFAULT_MODEL))
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--parallel", type=int, default=16, help="streams; llama-server -np")
-    p.add_argument("--n-ctx", type=int, default=2048, help="context per sequence, both servers")
-    p.add_argument("--our-env", action="append", default=[], metavar="KEY=VALUE",
-                   help="extra environment for our server (PAGEDLLAMA_...)")
+    add(p, "model", "threads", "parallel", "n_ctx", "our_env",
+        parallel={"help": "streams; llama-server -np"},
+        n_ctx={"help": "context per sequence, both servers"})
     p.add_argument("--workloads", default=",".join(WORKLOADS))
-    p.add_argument("--reps", type=int, default=1, help="alternating repetitions (median kept)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--endpoint", default="/v1/completions",
-                   choices=["/v1/completions", "/v1/chat/completions"])
-    g = p.add_argument_group("workload sizes")
-    g.add_argument("--input-len", type=int, default=64)
-    g.add_argument("--output-len", type=int, default=128)
+    add(p, "reps", "seed", "endpoint")
+    g = add(p.add_argument_group("workload sizes"), "input_len", "output_len", output_len=128)
     g.add_argument("--single-prompts", type=int, default=8, help="random-1 requests")
     g.add_argument("--concurrent-prompts", type=int, default=64, help="random-16 requests")
-    g.add_argument("--prefix-len", type=int, default=1024)
-    g.add_argument("--num-prefixes", type=int, default=4)
+    add(g, "prefix_len", "num_prefixes", prefix_len=1024)
     g.add_argument("--question-len", type=int, default=32)
     g.add_argument("--prefix-output-len", type=int, default=32)
     g.add_argument("--prefix-prompts", type=int, default=64)
     g.add_argument("--interference-streams", type=int, default=8)
     g.add_argument("--interference-stream-output-len", type=int, default=1024,
                    help="max_tokens of a running stream (stopped 1 s after the long request)")
-    g.add_argument("--long-len", type=int, default=2000)
+    add(g, "long_len")
     g.add_argument("--repeat-prompts", type=int, default=10)
     g.add_argument("--repeat-input-len", type=int, default=300)
     g.add_argument("--repeat-output-len", type=int, default=64)
-    p.add_argument("--request-timeout", type=float, default=600.0)
-    p.add_argument("--time-limit", type=float, default=1200.0, help="seconds per workload run")
-    p.add_argument("--result-file", default=None)
-    p.add_argument("--disable-tqdm", action="store_true")
+    add(p, "request_timeout", "time_limit", "result_file", "disable_tqdm",
+        time_limit={"default": 1200.0, "help": "seconds per workload run"})
     args = p.parse_args(argv)
     args.workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
     unknown = set(args.workloads) - set(WORKLOADS)
@@ -208,24 +186,24 @@ def comparison(results: dict, workloads: list[str], peer_name: str) -> tuple[str
                          "target": "", "met": None})
     head = (f"{'':<38} {'pagedllama':>11} {peer_name[:11]:>11} {'ratio':>7} {'target':>14} "
             f"{'met':>4}")
-    lines = [head, "-" * len(head)]
-    for r in rows:
-        def f(v):
-            return "-" if v is None else f"{v:.2f}" if abs(v) < 100 else f"{v:.0f}"
+
+    def f(v):
+        return "-" if v is None else f"{v:.2f}" if abs(v) < 100 else f"{v:.0f}"
+
+    def line(r: dict) -> str:
         met = "" if r["met"] is None else ("yes" if r["met"] else "no")
-        lines.append(f"{r['label']:<38} {f(r['ours']):>11} {f(r['peer']):>11} "
-                     f"{f(r['ratio']):>7} {r['target']:>14} {met:>4}")
-    return "\n".join(lines), rows
+        return (f"{r['label']:<38} {f(r['ours']):>11} {f(r['peer']):>11} "
+                f"{f(r['ratio']):>7} {r['target']:>14} {met:>4}")
+    return ruled(head, [line(r) for r in rows]), rows
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    # on SIGTERM, unwind so that both servers are stopped
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    stop_servers_on_sigterm()
     peer, why = peer_spec(args)
     if peer is None:
         print(f"SKIPPED: {why}. Build llama-server with scripts/build_llama_server.sh (see "
-              "benchmarks/README.md), then pass --peer-bin PATH or set LLAMA_SERVER_BIN; or give "
+              "docs/benchmarks.md), then pass --peer-bin PATH or set LLAMA_SERVER_BIN; or give "
               "any OpenAI-compatible server with --peer-cmd.")
         return 0
     # as many sequences as llama-server has slots (unless --our-env says otherwise)
@@ -244,8 +222,7 @@ def main(argv: list[str] | None = None) -> int:
         cal = asyncio.run(calibrate(bases["ours"], args.endpoint, models["ours"], args.seed))
         for rep in range(args.reps):
             for i, wl in enumerate(args.workloads):
-                order = ("ours", "peer") if (rep + i) % 2 == 0 else ("peer", "ours")
-                for side in order:
+                for side in alternate(("ours", "peer"), rep + i):
                     t0 = time.perf_counter()
                     r = asyncio.run(run_one(wl, bases[side], models[side], cal,
                                             args.seed + 101 * rep, args))
@@ -253,15 +230,12 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"[rep {rep + 1}] {wl:<14} {side:<5} {brief(wl, r)} "
                           f"({time.perf_counter() - t0:.0f} s)", flush=True)
     text, rows = comparison(results, args.workloads, peer.name)
-    print(f"\npagedllama vs {peer.name} · {Path(args.model).name} · {args.threads} threads · "
-          f"{args.parallel} streams/slots · context {args.n_ctx} per sequence · "
-          f"{args.reps} rep(s), median")
-    print(text)
-    if args.result_file:
-        write_result(args.result_file,
-                     {"config": vars(args), "peer_cmd": peer.cmd, "our_env": ours.env,
-                      "calibration": vars(cal), "comparison": rows, "results": results})
-        print(f"wrote {args.result_file}")
+    finish(f"\npagedllama vs {peer.name} · {Path(args.model).name} · {args.threads} threads · "
+           f"{args.parallel} streams/slots · context {args.n_ctx} per sequence · "
+           f"{args.reps} rep(s), median\n{text}",
+           {"config": vars(args), "peer_cmd": peer.cmd, "our_env": ours.env,
+            "calibration": vars(cal), "comparison": rows, "results": results},
+           args.result_file)
     return 0
 
 

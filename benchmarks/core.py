@@ -1,10 +1,7 @@
-"""Our server against the engine ceiling, same model, threads and batch shape (issue 2).
-
-N streams each generate M tokens greedily (ignore_eos) from random token-id prompts of
---input-len tokens: once through our server (a subprocess started here, or --base-url), all N
-requests sent at once to /v1/completions, and once through the raw batched llama_decode loop
-(benchmarks/tools/ceiling.py) in this process, with the same prompts. Output tok/s of both counts every
-output token over the whole run (prefill included); server/raw is printed next to the target.
+"""Our server against the engine ceiling: the same random token-id prompts, N streams of M
+greedy tokens, through our server and through the raw batched llama_decode loop
+(benchmarks/tools/ceiling.py) with the same model, threads and batch shape; server/raw output
+tok/s next to the target (docs/benchmarks.md, "engine and core").
 
     python -m benchmarks.core --streams 1,16 --input-len 64 --output-len 128 --threads 2
 """
@@ -12,44 +9,36 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import signal
 import statistics
 import sys
 from pathlib import Path
 
-from benchmarks.client import check_loopback, first_model
-from benchmarks.datasets import Conversation, token_dataset
-from benchmarks.launch import DEFAULT_MODEL, launched, our_server
-from benchmarks.metrics import write_result
-from benchmarks.serve import run_workload, warmup
+from benchmarks.harness.client import check_loopback, first_model
+from benchmarks.harness.datasets import Conversation, token_dataset
+from benchmarks.harness.launch import launched, our_server, stop_servers_on_sigterm
+from benchmarks.harness.metrics import finish, ruled
+from benchmarks.harness.options import add, parser
+from benchmarks.harness.workload import alternate, run_workload, warmup
 from benchmarks.tools.ceiling import Ceiling, CeilingConfig
 
-TARGETS = {1: 0.9, 16: 0.85}   # server/raw output tok/s (issue 2)
+TARGETS = {1: 0.9, 16: 0.85}   # server/raw output tok/s, by streams
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.core", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default=str(DEFAULT_MODEL))
+    p = parser("benchmarks.core", __doc__, "model")
     p.add_argument("--streams", default="1,16", help="comma list of concurrent streams N")
-    p.add_argument("--input-len", type=int, default=64)
-    p.add_argument("--output-len", type=int, default=128, help="tokens per stream M")
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--n-ctx", type=int, default=2048, help="cells per sequence, both sides")
+    add(p, "input_len", "output_len", "threads", "n_ctx",
+        output_len={"default": 128, "help": "tokens per stream M"},
+        n_ctx={"help": "cells per sequence, both sides"})
     p.add_argument("--n-seq-max", type=int, default=16, help="raw loop's sequences")
-    p.add_argument("--kv-unified", action="store_true",
-                   help="unified KV in the raw loop and the server (default: split)")
-    p.add_argument("--attention", choices=("flash", "plain"), default="flash",
-                   help="attention kernel in the raw loop and the server, set for both "
-                        "(default: flash)")
-    p.add_argument("--reps", type=int, default=1, help="alternating repetitions (median kept)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--base-url", default=None,
-                   help="use this running server instead of starting one (same threads!)")
-    p.add_argument("--request-timeout", type=float, default=600.0)
-    p.add_argument("--time-limit", type=float, default=1800.0, help="per server run")
-    p.add_argument("--result-file", default=None)
-    p.add_argument("--disable-tqdm", action="store_true")
+    add(p, "kv_unified", "attention", "reps", "seed", "base_url",
+        kv_unified={"help": "unified KV in the raw loop and the server (default: split)"},
+        attention={"help": "attention kernel in the raw loop and the server, set for both "
+                           "(default: flash)"},
+        base_url={"default": None,
+                  "help": "use this running server instead of starting one (same threads!)"})
+    add(p, "request_timeout", "time_limit", "result_file", "disable_tqdm",
+        time_limit={"help": "per server run"})
     args = p.parse_args(argv)
     args.flash_attn = args.attention == "flash"
     args.streams = [int(s) for s in args.streams.split(",") if s.strip()]
@@ -89,8 +78,7 @@ def measure(base: str, args) -> dict:
             server_reps, raw_reps = [], []
             for rep in range(args.reps):
                 prompts = token_dataset(n, args.input_len, n_vocab, args.seed + 1000 * rep + n)
-                order = ("raw", "server") if rep % 2 == 0 else ("server", "raw")
-                for side in order:
+                for side in alternate(("raw", "server"), rep):
                     if side == "raw":
                         raw_reps.append(ceiling.run(prompts, args.output_len).summary())
                     else:
@@ -124,20 +112,21 @@ def row(n: int, server_reps: list[dict], raw_reps: list[dict], args) -> dict:
 def table(rows: list[dict]) -> str:
     head = (f"{'streams':>7} {'server tok/s':>12} {'raw tok/s':>10} {'server/raw':>10} "
             f"{'target':>7} {'met':>4} {'raw decode tok/s':>16} {'server TTFT p50 ms':>18}")
-    lines = [head, "-" * len(head)]
-    for r in rows:
-        target = r["target"]
-        met = "-" if target is None else ("yes" if r["ratio"] >= target else "no")
-        lines.append(f"{r['streams']:>7} {r['server_output_tok_s']:>12.1f} "
-                     f"{r['raw_output_tok_s']:>10.1f} {r['ratio']:>10.2f} "
-                     f"{'≥ %.2f' % target if target else '-':>7} {met:>4} "
-                     f"{r['raw_decode_tok_s']:>16.1f} {r['server_median_ttft_ms']:>18.0f}")
-    return "\n".join(lines)
+    return ruled(head, [table_row(r) for r in rows])
+
+
+def table_row(r: dict) -> str:
+    target = r["target"]
+    met = "-" if target is None else ("yes" if r["ratio"] >= target else "no")
+    return (f"{r['streams']:>7} {r['server_output_tok_s']:>12.1f} "
+            f"{r['raw_output_tok_s']:>10.1f} {r['ratio']:>10.2f} "
+            f"{'≥ %.2f' % target if target else '-':>7} {met:>4} "
+            f"{r['raw_decode_tok_s']:>16.1f} {r['server_median_ttft_ms']:>18.0f}")
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))   # unwind: stop the server
+    stop_servers_on_sigterm()
     if args.base_url:
         result = measure(check_loopback(args.base_url), args)
     else:
@@ -147,12 +136,10 @@ def main(argv: list[str] | None = None) -> int:
         with launched(our_server(args.model, args.threads, args.n_ctx, env)) as base:
             result = measure(base, args)
     result["config"] = vars(args)
-    print(f"server vs raw llama_decode loop · {Path(args.model).name} · {args.threads} threads · "
-          f"{'unified' if args.kv_unified else 'split'} KV · in {args.input_len} / out "
-          f"{args.output_len} tokens per stream · {args.reps} rep(s), median")
-    print(table(result["rows"]))
-    if args.result_file:
-        write_result(args.result_file, result)
+    finish(f"server vs raw llama_decode loop · {Path(args.model).name} · {args.threads} threads "
+           f"· {'unified' if args.kv_unified else 'split'} KV · in {args.input_len} / out "
+           f"{args.output_len} tokens per stream · {args.reps} rep(s), median\n"
+           + table(result["rows"]), result, args.result_file)
     failed = sum(r["server_failed"] for r in result["rows"])
     return 1 if failed else 0
 

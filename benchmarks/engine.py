@@ -9,33 +9,27 @@ import argparse
 import sys
 from pathlib import Path
 
-from benchmarks.datasets import token_dataset
-from benchmarks.metrics import write_result
+from benchmarks.harness.datasets import token_dataset
+from benchmarks.harness.metrics import finish, ruled
+from benchmarks.harness.options import add, parser
 from benchmarks.tools.ceiling import Ceiling, CeilingConfig
 
-ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_MODEL = ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 MAX_BATCH = 256
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.engine", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default=str(DEFAULT_MODEL), help="GGUF file")
+    p = parser("benchmarks.engine", __doc__, "model")
     p.add_argument("--batch-sizes", default="1,2,4,8,16,32")
-    p.add_argument("--input-len", type=int, default=64, help="prompt tokens per sequence")
-    p.add_argument("--output-len", type=int, default=64, help="generated tokens per sequence")
-    p.add_argument("--threads", type=int, default=2)
+    add(p, "input_len", "output_len", "threads",
+        input_len={"help": "prompt tokens per sequence"},
+        output_len={"help": "generated tokens per sequence"})
     p.add_argument("--n-batch", type=int, default=256, help="tokens per llama_decode")
-    p.add_argument("--n-ctx", type=int, default=0,
-                   help="cells per sequence (default: input + output rounded up to 256)")
-    p.add_argument("--kv-unified", action="store_true", help="one KV pool (default: split)")
-    p.add_argument("--attention", choices=("flash", "plain"), default="flash",
-                   help="attention kernel (default: flash, what the server picks for a "
-                        "file without K-quants, such as the default model)")
-    p.add_argument("--reps", type=int, default=1, help="runs per batch size; the best is kept")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--result-file", default=None)
+    add(p, "n_ctx", "kv_unified", "attention", "reps", "seed", "result_file",
+        n_ctx={"default": 0,
+               "help": "cells per sequence (default: input + output rounded up to 256)"},
+        attention={"help": "attention kernel (default: flash, what the server picks for a "
+                           "file without K-quants, such as the default model)"},
+        reps={"help": "runs per batch size; the best is kept"})
     args = p.parse_args(argv)
     args.flash_attn = args.attention == "flash"
     args.batch_sizes = [int(b) for b in args.batch_sizes.split(",") if b.strip()]
@@ -49,12 +43,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def table(rows: list[dict]) -> str:
     head = f"{'batch':>5} {'prefill tok/s':>14} {'decode tok/s':>13} {'output tok/s':>13} " \
            f"{'step p50 ms':>12} {'step p99 ms':>12}"
-    lines = [head, "-" * len(head)]
-    for r in rows:
-        lines.append(f"{r['n_streams']:>5} {r['prefill_tok_s']:>14.1f} {r['decode_tok_s']:>13.1f} "
-                     f"{r['output_tok_s']:>13.1f} {r['median_step_ms']:>12.1f} "
-                     f"{r['p99_step_ms']:>12.1f}")
-    return "\n".join(lines)
+    return ruled(head, [f"{r['n_streams']:>5} {r['prefill_tok_s']:>14.1f} "
+                        f"{r['decode_tok_s']:>13.1f} {r['output_tok_s']:>13.1f} "
+                        f"{r['median_step_ms']:>12.1f} {r['p99_step_ms']:>12.1f}" for r in rows])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -77,14 +68,11 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(best)
             print(f"batch {b}: prefill {best['prefill_tok_s']:.1f} tok/s, decode "
                   f"{best['decode_tok_s']:.1f} tok/s", file=sys.stderr, flush=True)
-    print(f"engine ceiling · {Path(args.model).name} · {args.threads} threads · "
-          f"{'unified' if args.kv_unified else 'split'} KV · in {args.input_len} / out "
-          f"{args.output_len} tokens per sequence")
-    print(table(rows))
     result = {"config": {**vars(args), "n_ctx_seq": n_ctx, "n_seq_max": config.n_seq_max},
               "runs": rows}
-    if args.result_file:
-        write_result(args.result_file, result)
+    finish(f"engine ceiling · {Path(args.model).name} · {args.threads} threads · "
+           f"{'unified' if args.kv_unified else 'split'} KV · in {args.input_len} / out "
+           f"{args.output_len} tokens per sequence\n" + table(rows), result, args.result_file)
     return 0
 
 

@@ -1,21 +1,12 @@
-"""guidellm as the client, against two servers run one after the other in alternating order.
-
-The shared-CPU issue's idle targets are measured with guidellm too (the client vLLM's users
-benchmark with). guidellm runs one server at a time and costs ~0.45 of a core itself, and these
-2-core VMs drift by ±10-20 % within minutes, so a single run of each server says little. This
-runs A, B, then B, A, then A, B, ... (a fresh server each time, cold caches) and reports, per
-concurrency level, each round's ratio A/B (the two runs of a round are neighbours) and their
-median, with each server's CPU seconds per output token over its guidellm run and guidellm's own
-CPU.
+"""guidellm as the client, against two servers started fresh one after the other in alternating
+order (A B, B A, ...): per concurrency level each round's A/B throughput ratio and their median,
+and each server's CPU per output token. guidellm and its tokenizer live in `.gl/`
+(docs/benchmarks.md, "guidellm against both servers").
 
     python -m benchmarks.guidellm_pairs                          # ours vs llama-server, 1/4/16
     python -m benchmarks.guidellm_pairs --streams 16 --prompt-tokens 16 --output-tokens 32 \\
         --prefix-tokens 512 --requests 32                        # the shared-prefix workload
     python -m benchmarks.guidellm_pairs --a ours --a-env PAGEDLLAMA_ADAPTIVE_THREADS=0 --b ours
-
-guidellm lives in its own virtual environment with a tokenizer written from the GGUF
-(benchmarks/README.md, "guidellm against both servers": `.gl/bin/guidellm`, `.gl/tokenizer`).
-A and B are `ours` (settings with --a-env / --b-env) or `llama-server`.
 """
 from __future__ import annotations
 
@@ -30,36 +21,31 @@ import tempfile
 from contextlib import ExitStack
 from pathlib import Path
 
-from benchmarks.client import first_model
-from benchmarks.launch import DEFAULT_MODEL, ROOT
-from benchmarks.metrics import write_result
-from benchmarks.neighbor import cpu_seconds, server_process
-from benchmarks.paired import slice_order, start
+from benchmarks.harness.client import first_model
+from benchmarks.harness.launch import ROOT, cpu_seconds, label, server_process, start_server
+from benchmarks.harness.metrics import finish
+from benchmarks.harness.options import add, parser
+from benchmarks.harness.workload import alternate
 
 GUIDELLM = ROOT / ".gl" / "bin" / "guidellm"
 TOKENIZER = ROOT / ".gl" / "tokenizer"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--a", default="ours", choices=["ours", "llama-server"])
-    p.add_argument("--b", default="llama-server", choices=["ours", "llama-server"])
-    p.add_argument("--a-env", action="append", default=[], metavar="PAGEDLLAMA_NAME=VALUE")
-    p.add_argument("--b-env", action="append", default=[], metavar="PAGEDLLAMA_NAME=VALUE")
-    p.add_argument("--rounds", type=int, default=2, help="rounds of one run of each server")
+    sides = ["ours", "llama-server"]
+    p = parser("benchmarks.guidellm_pairs", __doc__, "a", "b", "a_env", "b_env", "rounds",
+               a={"choices": sides, "help": None}, b={"choices": sides, "help": None},
+               rounds={"default": 2, "help": "rounds of one run of each server"})
     p.add_argument("--streams", default="1,4,16", help="guidellm's concurrent levels, in order")
     p.add_argument("--requests", type=int, default=48, help="requests per level")
     p.add_argument("--prompt-tokens", type=int, default=64)
     p.add_argument("--output-tokens", type=int, default=64)
     p.add_argument("--prefix-tokens", type=int, default=0,
                    help="one shared system prompt of this many tokens (0: none)")
-    p.add_argument("--model", default=str(DEFAULT_MODEL))
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--parallel", type=int, default=16, help="llama-server -np")
+    add(p, "model", "threads", "parallel")
     p.add_argument("--guidellm", default=str(GUIDELLM))
     p.add_argument("--tokenizer", default=str(TOKENIZER))
-    p.add_argument("--seed", type=int, default=42)
-    p.add_argument("--result-file", default=None)
+    add(p, "seed", "result_file", seed=42)
     args = p.parse_args(argv)
     args.levels = [int(s) for s in args.streams.split(",")]
     for side in ("a", "b"):
@@ -70,7 +56,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def run_order(rounds: int) -> list[tuple[int, str]]:
     """(round, side) in the order the runs happen: A B, B A, A B, ..."""
-    return [(r, side) for r, pair in enumerate(slice_order(rounds)) for side in pair]
+    return [(r, side) for r in range(rounds) for side in alternate(("A", "B"), r)]
 
 
 def guidellm_command(args, base_url: str, model: str, out: Path) -> list[str]:
@@ -83,7 +69,7 @@ def guidellm_command(args, base_url: str, model: str, out: Path) -> list[str]:
             "--tokenizer", f"kind=huggingface_auto,model={args.tokenizer}",
             "--seed", f"kind=static,value={args.seed}",
             "--data", data, "--profile", f"kind=concurrent,{streams}",
-            # every request finishes: a cut run counts whole waves (benchmarks/README.md)
+            # every request finishes: a cut run counts whole waves (docs/benchmarks.md)
             "--constraint", f"kind=max_requests,count={args.requests}",
             "--constraint", "kind=max_duration,seconds=600",
             "--output", f"kind=json,path={out}", "--disable-progress"]
@@ -117,7 +103,7 @@ def children_cpu() -> float:
 def run_one(what: str, env: list[str], args, out: Path) -> dict:
     """One server, started fresh, under one guidellm run (every level)."""
     with ExitStack() as stack:
-        base_url = start(stack, what, env, args)
+        base_url = start_server(stack, what, env, args)
         model = first_model(base_url)
         server = server_process(base_url)
         server0, client0 = cpu_seconds(server), children_cpu()
@@ -175,10 +161,10 @@ def table(rows: list[dict], runs: dict[str, list[dict]], names: dict[str, str]) 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if not Path(args.guidellm).exists():
-        raise SystemExit(f"{args.guidellm} not found: benchmarks/README.md, "
+        raise SystemExit(f"{args.guidellm} not found: docs/benchmarks.md, "
                          "'guidellm against both servers', installs it")
     sides = {"A": (args.a, args.a_env), "B": (args.b, args.b_env)}
-    names = {side: " ".join([what, *env]) for side, (what, env) in sides.items()}
+    names = {side: label(what, env) for side, (what, env) in sides.items()}
     runs: dict[str, list[dict]] = {"A": [], "B": []}
     with tempfile.TemporaryDirectory() as tmp:
         for r, side in run_order(args.rounds):
@@ -188,10 +174,9 @@ def main(argv: list[str] | None = None) -> int:
                   + ", ".join(f"{lv['streams']} streams {lv['tok_s']:.1f} tok/s"
                               for lv in run["levels"]), flush=True)
     rows = summarize(runs)
-    print(table(rows, runs, names))
-    if args.result_file:
-        write_result(args.result_file, {"benchmark": "guidellm_pairs", "args": vars(args),
-                                        "servers": names, "rows": rows, "runs": runs})
+    finish(table(rows, runs, names), {"benchmark": "guidellm_pairs", "args": vars(args),
+                                      "servers": names, "rows": rows, "runs": runs},
+           args.result_file)
     return 0
 
 

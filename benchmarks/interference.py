@@ -1,12 +1,6 @@
-"""A long prompt arrives while streams are running: how long do the streams stall?
-
-N streams (short random prompts, ignore_eos) run until each has sent --settle-tokens chunks,
-then --baseline seconds more; then one ~--long-len-token prompt arrives. When it has finished,
-the streams run --tail seconds more and are stopped. Reported: the long prompt's TTFT, the
-streams' inter-token gaps (p50, p99 and the largest: p99 hides a stall that happens once per
-stream) from the moment all streams were running (their own start-up, N prompts prefilling at
-once, is a different scenario and is left out) and during the long prompt, and what the streams
-produced while it was in prefill.
+"""A long prompt arrives while streams are running: how long do the streams stall? The long
+prompt's TTFT and the streams' inter-token gaps (p50, p99, the largest) while all of them run
+and while the long prompt is in prefill (docs/benchmarks.md, "interference and repeat").
 
     python -m benchmarks.interference --base-url http://127.0.0.1:8000 --streams 8 --long-len 2000
 """
@@ -17,36 +11,26 @@ import asyncio
 import sys
 import time
 
-import httpx
 import numpy as np
 
-from benchmarks import datasets as ds
-from benchmarks.client import (NotLoopback, RequestOutput, add_target_args, make_client, payload,
-                               send)
-from benchmarks.metrics import write_result
-from benchmarks.serve import is_chat, prepare, request_input
+from benchmarks.harness import datasets as ds
+from benchmarks.harness.client import RequestOutput, make_client, payload, send
+from benchmarks.harness.options import TARGET, add, parser
+from benchmarks.harness.workload import client_main, is_chat, request_input, run_scenario
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.interference", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_target_args(p)
-    p.add_argument("--streams", type=int, default=8)
+    p = parser("benchmarks.interference", __doc__, *TARGET, "streams")
     p.add_argument("--stream-input-len", type=int, default=64)
-    p.add_argument("--stream-output-len", type=int, default=1024,
-                   help="max_tokens of a stream (it is stopped earlier, see --tail)")
-    p.add_argument("--long-len", type=int, default=2000, help="tokens of the long prompt")
+    add(p, "stream_output_len", "long_len",
+        stream_output_len={"help": "max_tokens of a stream (it is stopped earlier, see --tail)"})
     p.add_argument("--long-output-len", type=int, default=16)
     p.add_argument("--settle-tokens", type=int, default=8,
                    help="chunks every stream has sent before the long prompt is sent")
     p.add_argument("--baseline", type=float, default=2.0,
                    help="seconds the settled streams run before the long prompt is sent")
     p.add_argument("--tail", type=float, default=1.0, help="seconds after the long request")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--warmup", type=int, default=1)
-    p.add_argument("--calibrate", default="probe", choices=["probe", "approx"])
-    p.add_argument("--time-limit", type=float, default=600.0)
-    p.add_argument("--result-file", default=None)
+    add(p, "seed", "warmup", "calibrate", "time_limit", "result_file", time_limit=600.0)
     args = p.parse_args(argv)
     if not 1 <= args.streams <= 64:
         p.error("--streams must be in [1, 64]")
@@ -156,28 +140,15 @@ def summary(r: dict) -> str:
 
 
 async def run(args: argparse.Namespace) -> dict:
-    base, model, cal = await prepare(args)
-    r = await scenario(base, args.endpoint, model, cal, streams=args.streams,
-                       stream_input_len=args.stream_input_len,
-                       stream_output_len=args.stream_output_len, long_len=args.long_len,
-                       long_output_len=args.long_output_len, settle_tokens=args.settle_tokens,
-                       tail=args.tail, seed=args.seed, time_limit=args.time_limit,
-                       baseline=args.baseline)
-    r.update(config={**vars(args), "model": model}, calibration=vars(cal))
-    return r
+    return await run_scenario(
+        args, scenario, streams=args.streams, stream_input_len=args.stream_input_len,
+        stream_output_len=args.stream_output_len, long_len=args.long_len,
+        long_output_len=args.long_output_len, settle_tokens=args.settle_tokens, tail=args.tail,
+        seed=args.seed, time_limit=args.time_limit, baseline=args.baseline)
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    try:
-        r = asyncio.run(run(args))
-    except (NotLoopback, httpx.HTTPError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    print(summary(r))
-    if args.result_file:
-        write_result(args.result_file, r)
-    return 0 if r["failed"] == 0 else 1
+    return client_main(parse_args(argv), run, summary)
 
 
 if __name__ == "__main__":

@@ -1,28 +1,9 @@
-"""Shared machines: the same workload alone, next to one busy process, and inside a CPU quota.
+"""A machine that is not ours alone: a steady load on our server (and llama-server when one is
+found) alone, next to one busy process, alone again, and with --quota inside a CPU quota; the
+throughput kept, how soon it recovers, and who used the cores in each phase
+(docs/benchmarks.md, "neighbor").
 
-    python -m benchmarks.neighbor [--peer-bin .peer/build/bin/llama-server]
-
-For each server (ours, then llama-server when one is found) a steady load runs without pause
-(--concurrency streams of random chat prompts, --output-len tokens each, ignore_eos) through
-three phases of --phase-seconds: alone, next to a busy process (`python3 -c "while True:
-pass"`, the neighbour), and alone again after the neighbour stops. Output tokens are counted
-from the chunk times of every stream (one chunk per token for both servers) in 1-second bins:
-
-  alone tok/s        the first phase (its first --settle seconds skipped)
-  shared tok/s       the neighbour phase, the same way; kept = shared / alone
-  recovery s         after the neighbour stops, the time until a sliding 2-second window first
-                     reaches 95% of the alone rate (this reads the machine's drift too: when
-                     the after phase as a whole runs below 95% of the alone one, it never does)
-  threads back s     ours only: after the neighbour stops, the time until /health (polled
-                     every 0.25 s) shows every context on its alone-phase thread count again
-
-With --quota (as root, cgroup v2 or v1 cpu controller) each server also runs alone inside a CPU
-quota of --quota cores, in a cgroup of its own; kept = quota / alone.
-
-Our server logs each thread change; their count and our final thread count are printed.
-The machine is measured too: for each phase, the cores everything else used (all busy time
-minus the server, this benchmark client and the neighbour), so a run disturbed by some other
-process shows it ("background" in the results).
+    python -m benchmarks.neighbor [--peer-bin .peer/build/bin/llama-server] [--quota 1.5]
 """
 from __future__ import annotations
 
@@ -39,34 +20,26 @@ from pathlib import Path
 import httpx
 import psutil
 
-from benchmarks import datasets as ds
-from benchmarks.client import RequestOutput, first_model, make_client, payload, send
-from benchmarks.launch import (DEFAULT_MODEL, ServerSpec, env_items, find_peer_bin, launched,
-                               llama_server, our_server)
-from benchmarks.metrics import write_result
-from benchmarks.serve import calibrate, warmup
+from benchmarks.harness import datasets as ds
+from benchmarks.harness.client import RequestOutput, first_model, make_client, payload, send
+from benchmarks.harness.launch import (ServerSpec, cpu_seconds, env_items, find_peer_bin,
+                                       launched, llama_server, our_server, server_process)
+from benchmarks.harness.metrics import finish
+from benchmarks.harness.options import CHAT, add, parser
+from benchmarks.harness.workload import calibrate, warmup
 
 NEIGHBOUR = [sys.executable, "-c", "while True: pass"]
-CHAT = "/v1/chat/completions"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.neighbor", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default=str(DEFAULT_MODEL))
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--parallel", type=int, default=16, help="llama-server -np")
-    p.add_argument("--concurrency", type=int, default=4)
-    p.add_argument("--input-len", type=int, default=64)
-    p.add_argument("--output-len", type=int, default=48)
+    p = parser("benchmarks.neighbor", __doc__, "model", "threads", "parallel", "concurrency",
+               "input_len", "output_len", concurrency=4, output_len=48)
     p.add_argument("--phase-seconds", type=float, default=20.0)
     p.add_argument("--settle", type=float, default=3.0, help="seconds skipped at a phase start")
     p.add_argument("--quota", type=float, default=0.0, help="also run inside this CPU quota")
-    p.add_argument("--peer-bin", default=None)
+    add(p, "peer_bin")
     p.add_argument("--no-peer", action="store_true")
-    p.add_argument("--our-env", action="append", default=[], metavar="KEY=VALUE")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--result-file", default=None)
+    add(p, "our_env", "seed", "result_file")
     return p.parse_args(argv)
 
 
@@ -151,22 +124,6 @@ def recovery_time(bins: list[int], t_stop: float, target: float, width: int = 2)
 
 
 # ---- who used the CPU ----------------------------------------------------------------------------
-def server_process(base: str) -> psutil.Process | None:
-    port = int(base.rsplit(":", 1)[1])
-    for conn in psutil.net_connections(kind="tcp"):
-        if conn.laddr and conn.laddr.port == port and conn.status == psutil.CONN_LISTEN and conn.pid:
-            return psutil.Process(conn.pid)
-    return None
-
-
-def cpu_seconds(proc: psutil.Process | None) -> float:
-    try:
-        t = proc.cpu_times() if proc else None
-    except psutil.Error:
-        return 0.0
-    return t.user + t.system if t else 0.0
-
-
 class CpuLedger:
     """Cumulative CPU seconds of the machine, the server, this client and the neighbour."""
 
@@ -414,9 +371,7 @@ def table(results: dict, args) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     results = run(args)
-    print(table(results, args))
-    if args.result_file:
-        write_result(args.result_file, {"args": vars(args), "results": results})
+    finish(table(results, args), {"args": vars(args), "results": results}, args.result_file)
     return 0
 
 

@@ -1,22 +1,11 @@
-"""Two servers measured side by side, interleaved in short slices.
-
-Both servers run at once (the one not being measured is idle: no CPU), and slices of the same
-closed-loop workload alternate A B, B A, A B, ... with the same prompts for both halves of a
-pair. Why: on the 2-core VMs these benchmarks run on, the machine itself slows down under
-sustained load (one decode stream: 117 tok/s in the first 5 s, ~85 after 20 s, partly back after
-a pause; README, "Measuring on these machines"), so back-to-back whole runs of one server and
-then the other compare the machine's state as much as the servers. Interleaving gives both the
-same drift; the ratio of each pair and their median is the figure to quote.
+"""Two servers side by side, interleaved: both up at once, short slices of the same closed-loop
+workload (random chat prompts) alternating A B, B A, ... with the same prompts within a pair;
+the A/B throughput ratio of each pair and their median, for machines whose speed drifts under
+load (docs/benchmarks.md, "paired").
 
     python -m benchmarks.paired                       # ours vs llama-server, 4 concurrent
     python -m benchmarks.paired --a ours --a-env PAGEDLLAMA_FLASH_ATTN=0 --b ours
     python -m benchmarks.paired --a http://127.0.0.1:8000 --b http://127.0.0.1:8080
-
-A and B are each `ours` (started with --a-env / --b-env PAGEDLLAMA_NAME=VALUE, repeated for
-more settings), `llama-server` (the binary benchmarks.compare finds) or the URL of a server
-already running on this machine. The workload
-is benchmarks.serve's: random chat prompts of ~--input-len tokens, --output-len tokens out
-(ignore_eos), --concurrency at a time, --slice requests a slice.
 """
 from __future__ import annotations
 
@@ -26,39 +15,24 @@ import statistics
 import sys
 from contextlib import ExitStack
 
-from benchmarks import datasets as ds
-from benchmarks.client import check_loopback, first_model
-from benchmarks.launch import (DEFAULT_MODEL, env_items, find_peer_bin, launched, llama_server,
-                               our_server)
-from benchmarks.metrics import write_result
-from benchmarks.serve import run_workload
-
-ENDPOINT = "/v1/chat/completions"
+from benchmarks.harness import datasets as ds
+from benchmarks.harness.client import first_model
+from benchmarks.harness.launch import env_items, label, start_server
+from benchmarks.harness.metrics import finish
+from benchmarks.harness.options import CHAT, add, parser
+from benchmarks.harness.workload import alternate, run_workload
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--a", default="ours", help="ours, llama-server or a loopback URL")
-    p.add_argument("--b", default="llama-server", help="ours, llama-server or a loopback URL")
-    p.add_argument("--a-env", action="append", default=[], metavar="PAGEDLLAMA_NAME=VALUE",
-                   help="a setting for A when it is ours (repeat for more)")
-    p.add_argument("--b-env", action="append", default=[], metavar="PAGEDLLAMA_NAME=VALUE",
-                   help="a setting for B when it is ours (repeat for more)")
-    p.add_argument("--model", default=str(DEFAULT_MODEL))
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--parallel", type=int, default=16, help="llama-server -np")
-    p.add_argument("--concurrency", type=int, default=4)
+    p = parser("benchmarks.paired", __doc__, "a", "b", "a_env", "b_env", "model", "threads",
+               "parallel", "concurrency", concurrency=4)
     p.add_argument("--slice", type=int, default=12, help="requests in one slice")
     p.add_argument("--pairs", type=int, default=6)
-    p.add_argument("--input-len", type=int, default=64)
-    p.add_argument("--output-len", type=int, default=64)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--temperature", type=float, default=0.0,
-                   help="every request's temperature (0: greedy, the default)")
+    add(p, "input_len", "output_len", "seed", "temperature")
     p.add_argument("--sampling", action="append", default=[], metavar="FIELD=VALUE",
                    help="a sampling field both servers get in every request, e.g. top_p=0.95, "
                         "top_k=40, min_p=0.05 (repeat for more)")
-    p.add_argument("--result-file", default=None)
+    add(p, "result_file")
     return p.parse_args(argv)
 
 
@@ -82,39 +56,9 @@ def parse_sampling(items: list[str]) -> dict:
     return fields
 
 
-def parse_env(items: list[str]) -> dict[str, str]:
-    env = env_items(items)
-    for name in env:
-        if not name.startswith("PAGEDLLAMA_"):
-            raise SystemExit(f"not a PAGEDLLAMA_NAME=VALUE setting: {name!r}")
-    return env
-
-
 def slice_order(pairs: int) -> list[tuple[str, str]]:
     """A B, B A, A B, ...: each server goes first in half of the pairs."""
-    return [("A", "B") if i % 2 == 0 else ("B", "A") for i in range(pairs)]
-
-
-def start(stack: ExitStack, what: str, env: list[str], args) -> str:
-    """The base URL of A or B, starting the server when it is not a URL."""
-    if env and what != "ours":
-        raise SystemExit(f"--a-env/--b-env set our server's settings; {what!r} is not ours")
-    if what.startswith("http"):
-        return check_loopback(what)
-    if what == "ours":
-        spec = our_server(args.model, args.threads, env=parse_env(env))
-    elif what == "llama-server":
-        binary = find_peer_bin()
-        if binary is None:
-            raise SystemExit("llama-server not found (scripts/build_llama_server.sh builds it)")
-        spec = llama_server(binary, args.model, args.threads, args.parallel)
-    else:
-        raise SystemExit(f"--a/--b: ours, llama-server or a URL, not {what!r}")
-    return stack.enter_context(launched(spec))
-
-
-def label(what: str, env: list[str]) -> str:
-    return " ".join([what, *env])
+    return [alternate(("A", "B"), i) for i in range(pairs)]
 
 
 async def run(bases: dict[str, str], models: dict[str, str], args, sampling: dict) -> dict:
@@ -122,13 +66,13 @@ async def run(bases: dict[str, str], models: dict[str, str], args, sampling: dic
     slices: dict[str, list[dict]] = {"A": [], "B": []}
     for who in ("A", "B"):   # warm-up, not recorded
         warm = ds.random_dataset(args.concurrency, args.input_len, cal, args.seed, kind="warm")
-        await run_workload(bases[who], ENDPOINT, models[who], warm,
+        await run_workload(bases[who], CHAT, models[who], warm,
                            max_concurrency=args.concurrency, output_len=8, ignore_eos=True,
                            progress=False)
     for i, order in enumerate(slice_order(args.pairs)):
         convs = ds.random_dataset(args.slice, args.input_len, cal, args.seed + i)
         for who in order:
-            report, _ = await run_workload(bases[who], ENDPOINT, models[who], convs,
+            report, _ = await run_workload(bases[who], CHAT, models[who], convs,
                                            max_concurrency=args.concurrency,
                                            output_len=args.output_len, ignore_eos=True,
                                            temperature=args.temperature,
@@ -183,14 +127,12 @@ def main(argv: list[str] | None = None) -> int:
     sampling = parse_sampling(args.sampling)   # a bad field fails before any server starts
     names = {"A": label(args.a, args.a_env), "B": label(args.b, args.b_env)}
     with ExitStack() as stack:
-        bases = {"A": start(stack, args.a, args.a_env, args),
-                 "B": start(stack, args.b, args.b_env, args)}
+        bases = {"A": start_server(stack, args.a, args.a_env, args),
+                 "B": start_server(stack, args.b, args.b_env, args)}
         models = {who: first_model(url) for who, url in bases.items()}
         result = asyncio.run(run(bases, models, args, sampling))
-    print(table(result, names, args))
-    if args.result_file:
-        write_result(args.result_file, {"benchmark": "paired", "args": vars(args),
-                                        "servers": names, **result})
+    finish(table(result, names, args), {"benchmark": "paired", "args": vars(args),
+                                        "servers": names, **result}, args.result_file)
     return 0
 
 

@@ -6,7 +6,6 @@ the prefill grid, as the scheduler would).
 """
 from __future__ import annotations
 
-import argparse
 import json
 import random
 import statistics
@@ -14,10 +13,8 @@ import sys
 import time
 from pathlib import Path
 
+from benchmarks.harness.options import add, parser
 from engine.llama import Context, ContextConfig, Model
-
-ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_MODEL = ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 def prefill(ctx: Context, seq_id: int, tokens: list[int], chunk: int) -> float:
@@ -47,13 +44,10 @@ def measure(ctx: Context, n: int, chunk: int, rng: random.Random, vocab: int) ->
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--model", default=str(DEFAULT_MODEL))
-    p.add_argument("--threads", type=int, default=2)
+    p = parser("benchmarks.preemption", __doc__, "model", "threads")
     p.add_argument("--lengths", default="128,512,1024")
     p.add_argument("--chunk", type=int, default=16, help="prefill grid (PAGEDLLAMA_PREFILL_CHUNK)")
-    p.add_argument("--reps", type=int, default=3)
-    p.add_argument("--result-file", default=None)
+    add(p, "reps", "result_file", reps={"default": 3, "help": "runs per length (median kept)"})
     args = p.parse_args(argv)
     lengths = [int(x) for x in args.lengths.split(",")]
     model = Model(args.model)

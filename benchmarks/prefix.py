@@ -1,10 +1,6 @@
-"""Prefix caching, measured side by side in one run:
-
-1. TTFT of a request whose ~1,000-token prefix is cached vs the same request cold
-   (target: cached <= 0.2x cold);
-2. a shared-prefix workload (several ~500-token system prompts, 64+ requests, 16 concurrent)
-   against our server with prefix caching on and off, alternating: throughput ratio (target >= 3x)
-   and the prefix hit rate.
+"""Prefix caching, side by side in one run: the TTFT of a request whose ~--prefix-len-token
+prefix is cached against the same request cold, and a shared-prefix workload against our server
+with prefix caching on and off (throughput ratio, hit rate), each next to its target.
 
     python -m benchmarks.prefix [--quick]
 """
@@ -20,28 +16,20 @@ from pathlib import Path
 
 import httpx
 
-from benchmarks import datasets as ds
-from benchmarks.client import make_client, payload, send
-from benchmarks.launch import launched, our_server
-from benchmarks.serve import run_workload
-
-ENDPOINT = "/v1/chat/completions"
+from benchmarks.harness import datasets as ds
+from benchmarks.harness.client import first_model, make_client, payload, send
+from benchmarks.harness.launch import launched, our_server
+from benchmarks.harness.options import CHAT, add, parser
+from benchmarks.harness.workload import run_workload
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--prefix-len", type=int, default=1000, help="tokens of the cached prefix (TTFT)")
+    p = parser("benchmarks.prefix", __doc__, "threads", "prefix_len",
+               prefix_len={"default": 1000, "help": "tokens of the cached prefix (TTFT)"})
     p.add_argument("--ttft-reps", type=int, default=5)
-    p.add_argument("--shared-len", type=int, default=500, help="tokens of each system prompt")
-    p.add_argument("--num-prefixes", type=int, default=4)
-    p.add_argument("--num-prompts", type=int, default=64)
-    p.add_argument("--concurrency", type=int, default=16)
-    p.add_argument("--output-len", type=int, default=32)
-    p.add_argument("--rounds", type=int, default=1, help="on/off alternations of the workload")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--quick", action="store_true", help="a tiny run for tests")
-    p.add_argument("--result-file", default=None)
+    add(p, "shared_len", "num_prefixes", "num_prompts", "concurrency", "output_len", "rounds",
+        "seed", "quick", "result_file", output_len=32,
+        rounds={"help": "on/off alternations of the workload"})
     args = p.parse_args(argv)
     if args.quick:
         args.prefix_len, args.ttft_reps, args.shared_len = 300, 2, 200
@@ -56,7 +44,7 @@ def words_for(tokens: int) -> int:
 async def one(base: str, model: str, messages: list[dict], max_tokens: int):
     async with make_client(1, 600.0) as client:
         body = payload(model, messages, True, max_tokens, True)
-        out = await send(client, base + ENDPOINT, body, True, 600.0)
+        out = await send(client, base + CHAT, body, True, 600.0)
     if not out.ok:
         raise RuntimeError(out.error)
     return out
@@ -88,7 +76,7 @@ async def shared_workload(base: str, model: str, args, seed: int) -> dict:
     convs = ds.shared_prefix_dataset(args.num_prompts, 24, args.shared_len, args.num_prefixes,
                                      ds.Calibration(), seed)
     hits0, queries0 = prefix_counters(base)
-    report, _ = await run_workload(base, ENDPOINT, model, convs, max_concurrency=args.concurrency,
+    report, _ = await run_workload(base, CHAT, model, convs, max_concurrency=args.concurrency,
                                    output_len=args.output_len, ignore_eos=True, seed=seed,
                                    desc="shared-prefix")
     hits1, queries1 = prefix_counters(base)
@@ -102,7 +90,7 @@ def run(args) -> dict:
     servers = {"on": our_server(threads=args.threads, env={"PAGEDLLAMA_PREFIX_CACHING": "1"}),
                "off": our_server(threads=args.threads, env={"PAGEDLLAMA_PREFIX_CACHING": "0"})}
     with launched(servers["on"]) as base:
-        model = httpx.get(f"{base}/v1/models").json()["data"][0]["id"]
+        model = first_model(base)
         result["ttft"] = asyncio.run(ttft_pairs(base, model, args))
     for r in range(args.rounds):
         for mode in ("on", "off"):

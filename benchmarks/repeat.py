@@ -1,43 +1,28 @@
-"""The same greedy request twice: does the answer served from the prompt cache match?
-
-For each of N prompts (random text of ~--input-len tokens, unique per prompt), the same request
-(temperature 0) is sent twice, one after the other; the second finds the prompt in the server's
-cache. Counts the prompts whose two answers are identical, and reports the cached prompt tokens
-of the second request when the server says (usage.prompt_tokens_details or llama-server's
-timings.cache_n).
+"""The same greedy request twice, the second served from the prompt cache: are the two answers
+identical? Also the second request's cached prompt tokens when the server reports them
+(docs/benchmarks.md, "interference and repeat").
 
     python -m benchmarks.repeat --base-url http://127.0.0.1:8000 --num-prompts 10
 """
 from __future__ import annotations
 
 import argparse
-import asyncio
 import sys
 import time
 
-import httpx
-
-from benchmarks import datasets as ds
-from benchmarks.client import NotLoopback, add_target_args, make_client, payload, send
-from benchmarks.metrics import write_result
-from benchmarks.serve import is_chat, prepare, request_input
+from benchmarks.harness import datasets as ds
+from benchmarks.harness.client import make_client, payload, send
+from benchmarks.harness.options import TARGET, parser
+from benchmarks.harness.workload import client_main, is_chat, request_input, run_scenario
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.repeat", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_target_args(p)
-    p.add_argument("--num-prompts", type=int, default=10)
-    p.add_argument("--input-len", type=int, default=300)
-    p.add_argument("--output-len", type=int, default=64)
-    p.add_argument("--ignore-eos", action="store_true",
-                   help="always generate --output-len tokens (longer answers to compare)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--warmup", type=int, default=1)
-    p.add_argument("--calibrate", default="probe", choices=["probe", "approx"])
-    p.add_argument("--request-timeout", type=float, default=300.0)
-    p.add_argument("--time-limit", type=float, default=1200.0)
-    p.add_argument("--result-file", default=None)
+    p = parser("benchmarks.repeat", __doc__, *TARGET, "num_prompts", "input_len", "output_len",
+               "ignore_eos", "seed", "warmup", "calibrate", "request_timeout", "time_limit",
+               "result_file", num_prompts=10, input_len=300, request_timeout=300.0,
+               time_limit=1200.0,
+               ignore_eos={"help": "always generate --output-len tokens (longer answers to "
+                                   "compare)"})
     args = p.parse_args(argv)
     if not 1 <= args.num_prompts <= 1000:
         p.error("--num-prompts must be in [1, 1000]")
@@ -114,26 +99,14 @@ def summary(r: dict) -> str:
 
 
 async def run(args: argparse.Namespace) -> dict:
-    base, model, cal = await prepare(args)
-    r = await scenario(base, args.endpoint, model, cal, num_prompts=args.num_prompts,
-                       input_len=args.input_len, output_len=args.output_len,
-                       ignore_eos=args.ignore_eos, seed=args.seed,
-                       request_timeout=args.request_timeout, time_limit=args.time_limit)
-    r.update(config={**vars(args), "model": model}, calibration=vars(cal))
-    return r
+    return await run_scenario(
+        args, scenario, num_prompts=args.num_prompts, input_len=args.input_len,
+        output_len=args.output_len, ignore_eos=args.ignore_eos, seed=args.seed,
+        request_timeout=args.request_timeout, time_limit=args.time_limit)
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    try:
-        r = asyncio.run(run(args))
-    except (NotLoopback, httpx.HTTPError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    print(summary(r))
-    if args.result_file:
-        write_result(args.result_file, r)
-    return 0 if r["failed"] == 0 else 1
+    return client_main(parse_args(argv), run, summary)
 
 
 if __name__ == "__main__":

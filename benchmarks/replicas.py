@@ -5,37 +5,33 @@ concurrencies, measured side by side in one run (alternating).
 """
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import sys
 from pathlib import Path
 
-import httpx
-
-from benchmarks import datasets as ds
-from benchmarks.launch import launched, our_server
-from benchmarks.serve import run_workload
+from benchmarks.harness import datasets as ds
+from benchmarks.harness.client import first_model
+from benchmarks.harness.launch import launched, our_server
+from benchmarks.harness.options import add, parser
+from benchmarks.harness.workload import run_workload
 
 SETUPS = {"1 context x 2 threads": {"PAGEDLLAMA_CONTEXTS": "1", "PAGEDLLAMA_THREADS": "2"},
           "2 contexts x 1 thread": {"PAGEDLLAMA_CONTEXTS": "2", "PAGEDLLAMA_THREADS": "2"}}
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p = parser("benchmarks.replicas", __doc__)
     p.add_argument("--concurrency", default="1,4,16")
-    p.add_argument("--num-prompts", type=int, default=32, help="requests per concurrency level")
-    p.add_argument("--input-len", type=int, default=64)
-    p.add_argument("--output-len", type=int, default=64)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--result-file", default=None)
+    add(p, "num_prompts", "input_len", "output_len", "seed", "result_file",
+        num_prompts={"default": 32, "help": "requests per concurrency level"})
     args = p.parse_args(argv)
     levels = [int(x) for x in args.concurrency.split(",")]
     results: dict[str, dict[int, dict]] = {name: {} for name in SETUPS}
     for level in levels:
         for name, env in SETUPS.items():
             with launched(our_server(threads=2, env=env)) as base:
-                model = httpx.get(f"{base}/v1/models").json()["data"][0]["id"]
+                model = first_model(base)
                 convs = ds.random_dataset(max(args.num_prompts, level), args.input_len,
                                           ds.Calibration(), args.seed + level)
                 report, _ = asyncio.run(run_workload(

@@ -1,67 +1,24 @@
-"""Serving benchmark for an OpenAI-compatible server, modelled on `vllm bench serve`.
+"""Serving benchmark for an OpenAI-compatible server, modelled on `vllm bench serve`: streamed
+requests from a dataset (random, shared-prefix, chat), TTFT, TPOT, ITL, end-to-end latency and
+throughput; bounded, and loopback servers only (docs/benchmarks.md, "serve").
 
-    python -m benchmarks.serve --base-url http://127.0.0.1:8000 --dataset random \
+    python -m benchmarks.serve --base-url http://127.0.0.1:8000 --dataset random \\
         --num-prompts 64 --max-concurrency 16 --input-len 64 --output-len 64 --ignore-eos
-
-Every request streams (SSE); TTFT is the time to the first chunk with text, ITL the gaps between
-text chunks, TPOT (E2E − TTFT)/(output tokens − 1). Token counts come from the server's usage
-(stream_options.include_usage); a server that sends none is counted one token per chunk.
-Bounded: at most MAX_PROMPTS requests, --request-timeout per request, --time-limit in all, and
-only loopback servers.
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
-import math
-import random
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import httpx
-from tqdm import tqdm
 
-from benchmarks import datasets as ds
-from benchmarks.client import (NotLoopback, RequestOutput, add_target_args, check_loopback, complete,
-                               first_model, make_client, payload, send)
-from benchmarks.metrics import summarize, table, write_result
-
-MAX_PROMPTS = 10_000
-MAX_CONCURRENCY = 256
-
-
-def is_chat(endpoint: str) -> bool:
-    return endpoint.rstrip("/").endswith("chat/completions")
-
-
-def request_input(conv: ds.Conversation, turn: int, chat: bool):
-    return ds.chat_messages(conv, turn) if chat else ds.completion_prompt(conv, turn)
-
-
-# ---- calibration --------------------------------------------------------------------------------
-async def calibrate(base_url: str, endpoint: str, model: str, seed: int = 0,
-                    words: tuple[int, int] = (32, 256)) -> ds.Calibration:
-    """Two probes of known word counts through the same endpoint give tokens per word and the
-    fixed overhead (template, BOS) from usage.prompt_tokens; without usage: the approximation."""
-    chat, rng = is_chat(endpoint), random.Random(f"calibrate:{seed}")
-    counts = []
-    async with make_client(2, 120.0) as client:
-        for n in words:
-            conv = ds.Conversation([ds.random_text(rng, n)])
-            body = payload(model, request_input(conv, 0, chat), chat, 1, False, stream=False)
-            try:
-                usage = (await complete(client, base_url + endpoint, body)).get("usage") or {}
-            except Exception:   # noqa: BLE001 - any failure means: use the approximation
-                usage = {}
-            if not usage.get("prompt_tokens"):
-                return ds.Calibration()
-            counts.append(int(usage["prompt_tokens"]))
-    per_word = (counts[1] - counts[0]) / (words[1] - words[0])
-    if per_word <= 0:
-        return ds.Calibration()
-    return ds.Calibration(per_word, counts[0] - per_word * words[0], "probe")
+from benchmarks.harness import datasets as ds
+from benchmarks.harness.client import NotLoopback
+from benchmarks.harness.metrics import table, write_result
+from benchmarks.harness.options import TARGET, add, parser
+from benchmarks.harness.workload import MAX_CONCURRENCY, MAX_PROMPTS, prepare, run_workload
 
 
 def build_dataset(name: str, n: int, input_len: int, cal: ds.Calibration, seed: int, *,
@@ -75,117 +32,25 @@ def build_dataset(name: str, n: int, input_len: int, cal: ds.Calibration, seed: 
     raise ValueError(f"unknown dataset {name!r}")
 
 
-# ---- running a workload -------------------------------------------------------------------------
-async def run_workload(base_url: str, endpoint: str, model: str,
-                       conversations: list[ds.Conversation], *, max_concurrency: int,
-                       request_rate: float = math.inf, output_len: int = 64,
-                       ignore_eos: bool = False, temperature: float = 0.0, seed: int = 0,
-                       request_timeout: float = 600.0, time_limit: float = 1800.0,
-                       progress: bool = True, desc: str = "requests",
-                       extra_body: dict | None = None,
-                       headers_for: Callable[[ds.Conversation], dict[str, str]] | None = None,
-                       ) -> tuple[dict, list[RequestOutput]]:
-    """Conversations arrive as a Poisson process (request_rate per second; inf = all at once);
-    each turn waits for a free slot of max_concurrency; `headers_for(conversation)` gives the
-    HTTP headers of its requests. Returns (report, outputs)."""
-    chat, url = is_chat(endpoint), base_url + endpoint
-    n_requests = sum(len(c.user_turns) for c in conversations)
-    if n_requests > MAX_PROMPTS:
-        raise ValueError(f"{n_requests} requests: at most {MAX_PROMPTS}")
-    max_concurrency = max(1, min(max_concurrency, MAX_CONCURRENCY))
-    rng = random.Random(seed + 104729)
-    arrivals, t = [], 0.0
-    for _ in conversations:
-        arrivals.append(t)
-        if math.isfinite(request_rate) and request_rate > 0:
-            t += rng.expovariate(request_rate)
-    outputs: list[RequestOutput] = []
-    sem = asyncio.Semaphore(max_concurrency)
-    bar = tqdm(total=n_requests, desc=desc, unit="req", disable=not progress, file=sys.stderr,
-               leave=False)
-    start = time.perf_counter()
-    deadline = start + time_limit
-
-    async def conversation(conv: ds.Conversation, at: float) -> None:
-        await asyncio.sleep(max(0.0, start + at - time.perf_counter()))
-        for turn in range(len(conv.user_turns)):
-            async with sem:
-                left = deadline - time.perf_counter()
-                if left <= 0:
-                    return
-                body = payload(model, request_input(conv, turn, chat), chat, output_len,
-                               ignore_eos, temperature, extra=extra_body)
-                out = await send(client, url, body, chat, min(request_timeout, left),
-                                 headers=headers_for(conv) if headers_for else None)
-            outputs.append(out)
-            bar.update(1)
-            if not out.ok:
-                return
-            conv.answers.append(out.text)
-
-    async with make_client(max_concurrency, request_timeout) as client:
-        await asyncio.gather(*(conversation(c, a) for c, a in zip(conversations, arrivals)))
-    duration = max((o.end for o in outputs), default=start) - start
-    bar.close()
-    report = summarize(outputs, duration)
-    rate = request_rate if math.isfinite(request_rate) else "inf"   # JSON has no infinity
-    report.update(max_concurrency=max_concurrency, request_rate=rate,
-                  planned=n_requests, requests=[o.record() for o in outputs])
-    return report, outputs
-
-
-async def prepare(args: argparse.Namespace) -> tuple[str, str, ds.Calibration]:
-    """The checked base URL, the model, warm-up requests, and the calibration --calibrate asks
-    for: what every client-side benchmark does first."""
-    base = check_loopback(args.base_url)
-    model = args.model or first_model(base)
-    await warmup(base, args.endpoint, model, args.warmup, args.seed)
-    cal = (await calibrate(base, args.endpoint, model, args.seed) if args.calibrate == "probe"
-           else ds.Calibration())
-    return base, model, cal
-
-
-async def warmup(base_url: str, endpoint: str, model: str, n: int, seed: int) -> None:
-    if n <= 0:
-        return
-    convs = ds.random_dataset(n, 32, ds.Calibration(), seed, "warmup")
-    await run_workload(base_url, endpoint, model, convs, max_concurrency=n, output_len=8,
-                       ignore_eos=True, request_timeout=120.0, time_limit=300.0,
-                       progress=False)
-
-
 # ---- the command --------------------------------------------------------------------------------
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.serve", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_target_args(p)
+    p = parser("benchmarks.serve", __doc__, *TARGET)
     p.add_argument("--dataset", default="random", choices=["random", "shared-prefix", "chat"])
     p.add_argument("--num-prompts", type=int, default=64, help="requests (chat: all turns)")
     p.add_argument("--max-concurrency", type=int, default=16)
-    p.add_argument("--request-rate", type=float, default=math.inf,
-                   help="Poisson arrivals per second; inf = all at once")
-    p.add_argument("--input-len", type=int, default=64,
-                   help="prompt tokens (shared-prefix: the unique question; chat: each user turn)")
-    p.add_argument("--output-len", type=int, default=64, help="max_tokens of every request")
-    p.add_argument("--prefix-len", type=int, default=512,
-                   help="shared-prefix: system prompt tokens")
-    p.add_argument("--num-prefixes", type=int, default=4, help="shared-prefix: distinct prefixes")
+    add(p, "request_rate", "input_len", "output_len", "prefix_len", "num_prefixes",
+        input_len={"help": "prompt tokens (shared-prefix: the unique question; chat: each user "
+                           "turn)"},
+        prefix_len={"help": "shared-prefix: system prompt tokens"},
+        num_prefixes={"help": "shared-prefix: distinct prefixes"})
     p.add_argument("--turns", type=int, default=3, help="chat: user turns per conversation")
-    p.add_argument("--ignore-eos", action="store_true")
-    p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--warmup", type=int, default=1, help="unmeasured requests sent first")
-    p.add_argument("--calibrate", default="probe", choices=["probe", "approx"],
-                   help="prompt length: probe the server's usage, or assume "
-                        f"{ds.TOKENS_PER_WORD} token per word")
+    add(p, "ignore_eos", "temperature", "seed", "warmup", "calibrate")
     p.add_argument("--sweep-concurrency", default=None,
                    help="comma list, e.g. 1,4,16: one run per value, and a PNG plot")
-    p.add_argument("--result-file", default=None, help="write the JSON report here")
+    add(p, "result_file")
     p.add_argument("--plot-file", default=None,
                    help="sweep plot (default: the result file with .png, or serve-sweep.png)")
-    p.add_argument("--request-timeout", type=float, default=600.0)
-    p.add_argument("--time-limit", type=float, default=1800.0, help="seconds for each run")
-    p.add_argument("--disable-tqdm", action="store_true")
+    add(p, "request_timeout", "time_limit", "disable_tqdm")
     args = p.parse_args(argv)
     if not 1 <= args.num_prompts <= MAX_PROMPTS:
         p.error(f"--num-prompts must be in [1, {MAX_PROMPTS}]")

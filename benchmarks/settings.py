@@ -1,15 +1,6 @@
-"""Engine settings side by side, without HTTP: the scheduler and llama.cpp context of our server
-(engine/worker.py), driven in this process by a closed loop of C concurrent requests.
-
-Each --set is one configuration: PAGEDLLAMA_* engine settings as NAME=VALUE pairs, on top of
-the server's defaults (here: THREADS=2, ADAPTIVE_THREADS=0 and N_CTX=512 unless set, so the
-figures do not follow what the rest of the machine does). One context per configuration is
-loaded up front; the rounds alternate between them (reversed every other round), so that drift
-of the machine's speed falls on all of them alike. Each request: --input-len random token ids,
-the first --shared-head of them the same in every request (a chat template's header), then
---output-len tokens, greedy, ignoring EOS. Printed per configuration: output tok/s of each
-round and their median, TTFT p50 / p99, per-request ITL p50 (each request's decode time over its
-gaps), the p99 of every gap between two tokens, and the median's ratio to the first --set.
+"""Engine settings side by side without HTTP: our scheduler and llama.cpp context (engine/worker.py)
+in this process, one per --set of PAGEDLLAMA_* settings, driven by a closed loop of concurrent
+requests in rounds that alternate between them (docs/benchmarks.md, "settings").
 
     python -m benchmarks.settings --set MAX_SEQS=16 --set MAX_SEQS=10 --concurrency 16
 """
@@ -24,9 +15,10 @@ import time
 from pathlib import Path
 from unittest import mock
 
-from benchmarks.datasets import token_dataset
-from benchmarks.launch import DEFAULT_MODEL
-from benchmarks.metrics import stats_ms, write_result
+from benchmarks.harness.datasets import token_dataset
+from benchmarks.harness.metrics import finish, ruled, stats_ms
+from benchmarks.harness.options import add, parser
+from benchmarks.harness.workload import alternate
 from engine.llama import Model
 from engine.request import Request
 from engine.sampling import SamplingParams
@@ -70,19 +62,13 @@ def engine_config(setting: dict[str, str]) -> EngineConfig:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.settings", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default=str(DEFAULT_MODEL), help="GGUF file")
+    p = parser("benchmarks.settings", __doc__, "model")
     p.add_argument("--set", dest="settings", action="append", default=[], metavar="NAME=V,...",
                    help="one configuration (repeat; an empty string is the defaults)")
-    p.add_argument("--concurrency", type=int, default=16)
-    p.add_argument("--num-prompts", type=int, default=64, help="requests per round")
-    p.add_argument("--input-len", type=int, default=94)
+    add(p, "concurrency", "num_prompts", "input_len", input_len=94,
+        num_prompts={"help": "requests per round"})
     p.add_argument("--shared-head", type=int, default=30, help="leading tokens every prompt shares")
-    p.add_argument("--output-len", type=int, default=64)
-    p.add_argument("--rounds", type=int, default=2)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--result-file", default=None)
+    add(p, "output_len", "rounds", "seed", "result_file", rounds=2)
     args = p.parse_args(argv)
     try:
         args.configs = [parse_setting(s) for s in (args.settings or [""])]
@@ -150,7 +136,7 @@ async def run(args) -> list[dict]:
         order = list(range(len(workers)))
         for r in range(args.rounds):
             prompts = prompts_for(args, model.n_vocab, r)
-            for i in (order if r % 2 == 0 else order[::-1]):
+            for i in alternate(order, r):
                 out = await run_round(workers[i], prompts, args)
                 results[i]["rounds"].append(out)
                 print(f"round {r + 1} {label(args.configs[i])}: {out['output_tok_s']:.1f} tok/s",
@@ -173,26 +159,24 @@ def table(results: list[dict]) -> str:
     width = max(10, *(len(label(r["setting"])) for r in results))
     head = (f"{'setting':<{width}} {'tok/s per round':>20} {'median':>7} {'vs first':>8} "
             f"{'TTFT p50':>9} {'p99':>8} {'ITL p50':>8} {'gap p99':>8}")
-    lines, first = [head, "-" * len(head)], results[0]["output_tok_s"]
-    for r in results:
+    first = results[0]["output_tok_s"]
+
+    def row(r: dict) -> str:
         per = ", ".join(f"{x['output_tok_s']:.1f}" for x in r["rounds"])
-        lines.append(f"{label(r['setting']):<{width}} {per:>20} {r['output_tok_s']:>7.1f} "
-                     f"{r['output_tok_s'] / first:>7.2f}x {r['ttft_p50_ms']:>7.0f}ms "
-                     f"{r['ttft_p99_ms']:>6.0f}ms {r['itl_p50_ms']:>6.0f}ms "
-                     f"{r['gap_p99_ms']:>6.0f}ms")
-    return "\n".join(lines)
+        return (f"{label(r['setting']):<{width}} {per:>20} {r['output_tok_s']:>7.1f} "
+                f"{r['output_tok_s'] / first:>7.2f}x {r['ttft_p50_ms']:>7.0f}ms "
+                f"{r['ttft_p99_ms']:>6.0f}ms {r['itl_p50_ms']:>6.0f}ms {r['gap_p99_ms']:>6.0f}ms")
+    return ruled(head, [row(r) for r in results])
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     results = asyncio.run(run(args))
-    print(f"engine settings · {Path(args.model).name} · closed loop, {args.concurrency} concurrent, "
-          f"{args.num_prompts} requests a round, in {args.input_len} (shared head "
-          f"{args.shared_head}) / out {args.output_len} tokens · {args.rounds} rounds")
-    print(table(results))
-    if args.result_file:
-        config = {k: v for k, v in vars(args).items() if k != "configs"}
-        write_result(args.result_file, {"config": config, "results": results})
+    config = {k: v for k, v in vars(args).items() if k != "configs"}
+    finish(f"engine settings · {Path(args.model).name} · closed loop, {args.concurrency} "
+           f"concurrent, {args.num_prompts} requests a round, in {args.input_len} (shared head "
+           f"{args.shared_head}) / out {args.output_len} tokens · {args.rounds} rounds\n"
+           + table(results), {"config": config, "results": results}, args.result_file)
     return 0
 
 

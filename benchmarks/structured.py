@@ -1,13 +1,6 @@
-"""Structured output cost and correctness (issue 13).
-
-1. Throughput: the same chat requests at 16 concurrent, constrained by a JSON schema
-   (response_format json_schema), unconstrained, and with logprobs; output tok/s and ratios.
-2. Correctness: N requests over varied schemas (sampled, temperature 0.8); how many parse and
-   validate, and how many were cut by max_tokens.
-3. n > 1 costs one prefill: TTFT of an n=4 request next to an n=1 request with a prompt of the
-   same length (~400 tokens; each request's prompt starts differently, so none is taken from
-   the prefix cache), alternating, medians. TTFT is the first token of any choice and, for
-   n=4, also the first token of every choice.
+"""Structured output, measured against our server: throughput with a JSON schema, unconstrained
+and with logprobs; how many answers over varied schemas validate; and the TTFT of an n=4
+request against an n=1 request with a prompt of the same length (docs/api.md has the figures).
 
     python -m benchmarks.structured [--requests 32] [--schema-requests 200] [--only n]
 """
@@ -17,13 +10,15 @@ import argparse
 import asyncio
 import json
 import statistics
+import sys
 import time
 
 import httpx
 import jsonschema
 
-from benchmarks.client import complete, first_model, make_client
-from benchmarks.launch import launched, our_server
+from benchmarks.harness.client import complete, first_model, make_client
+from benchmarks.harness.launch import launched, our_server
+from benchmarks.harness.options import add, parser
 
 PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 24},
                                            "age": {"type": "integer"}},
@@ -124,7 +119,16 @@ async def n_ttft(base: str, model: str, reps: int) -> None:
           f"(every choice {m4_all / m1:.2f}x; target <= 1.2x)")
 
 
-async def main(args) -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = parser("benchmarks.structured", __doc__)
+    p.add_argument("--requests", type=int, default=32)
+    p.add_argument("--schema-requests", type=int, default=200)
+    p.add_argument("--only", choices=["n"], help="n: only the n=4 vs n=1 TTFT comparison")
+    add(p, "reps", reps={"default": 5, "help": "n=1/n=4 pairs for --only n"})
+    return p.parse_args(argv)
+
+
+async def run(args: argparse.Namespace) -> None:
     with launched(our_server()) as base:
         url, model = f"{base}/v1/chat/completions", first_model(base)
         if args.only == "n":
@@ -164,10 +168,10 @@ async def main(args) -> None:
         await n_ttft(base, model, args.reps)
 
 
+def main(argv: list[str] | None = None) -> int:
+    asyncio.run(run(parse_args(argv)))
+    return 0
+
+
 if __name__ == "__main__":
-    p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--requests", type=int, default=32)
-    p.add_argument("--schema-requests", type=int, default=200)
-    p.add_argument("--only", choices=["n"], help="n: only the n=4 vs n=1 TTFT comparison")
-    p.add_argument("--reps", type=int, default=5, help="n=1/n=4 pairs for --only n")
-    asyncio.run(main(p.parse_args()))
+    sys.exit(main())

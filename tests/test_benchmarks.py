@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.launch import find_peer_bin
+from benchmarks.harness.launch import find_peer_bin
 from tests.server_proc import ROOT
 
 LATENCY_KEYS = [f"{s}_{m}_ms" for m in ("ttft", "tpot", "itl", "e2el")
@@ -203,7 +203,7 @@ def test_compare_without_peer_binary_skips_cleanly():
 
 
 @pytest.mark.skipif(find_peer_bin() is None,
-                    reason="no llama-server binary (see benchmarks/README.md)")
+                    reason="no llama-server binary (see docs/benchmarks.md)")
 def test_compare_against_llama_server_tiny(tmp_path):
     out = tmp_path / "compare.json"
     bench("compare", "--peer-bin", str(find_peer_bin()), "--parallel", "3",
@@ -245,21 +245,6 @@ def test_cluster_compares_routing_by_key_and_round_robin(tmp_path):
     assert "manual / round_robin throughput" in proc.stdout
 
 
-def test_router_split_counts_where_the_router_sends_each_prefix():
-    """Stand-in workers behind the real router: every request is counted on one worker, and
-    a summary line says in how many bursts the prefixes were spread evenly."""
-    proc = bench("router_split", "--seeds", "0,1", "--bursts", "1", "--num-prompts", "8",
-                 "--num-prefixes", "2", "--shared-len", "60", "--concurrency", "4",
-                 "--delay", "0.05", "--router-args", "--cache-threshold 0.5")
-    assert "--cache-threshold 0.5" in proc.stdout.splitlines()[0]
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("seed ")]
-    assert len(lines) == 2
-    for line in lines:
-        split = line.split("requests per worker ")[1].split()[0]
-        assert sum(map(int, split.split("/"))) == 8, line
-    assert proc.stdout.rstrip().splitlines()[-1].endswith(" of 2 bursts")
-
-
 def test_paired_alternates_slices_and_reports_ratios(server_url, tmp_path):
     """One server as both A and B (tiny): every slice completes, each pair has a ratio."""
     out = tmp_path / "paired.json"
@@ -277,7 +262,8 @@ def test_paired_alternates_slices_and_reports_ratios(server_url, tmp_path):
 
 
 def test_paired_order_and_settings():
-    from benchmarks.paired import parse_env, parse_sampling, slice_order
+    from benchmarks.harness.launch import parse_env
+    from benchmarks.paired import parse_sampling, slice_order
     assert parse_sampling(["top_p=0.95", "top_k=40", "min_p=0.05"]) == {
         "top_p": 0.95, "top_k": 40, "min_p": 0.05}
     for bad in ("top_p", "top_q=0.9", "top_k=0.5"):

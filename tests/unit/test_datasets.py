@@ -1,7 +1,7 @@
 """The benchmark workloads' request mixes (pure Python: no model, no server)."""
 from collections import Counter
 
-from benchmarks import datasets as ds
+from benchmarks.harness import datasets as ds
 
 
 def test_shared_prefix_requests_are_spread_evenly_over_the_prefixes_in_a_seeded_order():

@@ -1,4 +1,4 @@
-"""Summaries of a benchmark run (the fields `vllm bench serve` reports), their table, and the
+"""Summaries of a benchmark run (the fields `vllm bench serve` reports), text tables, and the
 JSON result file every benchmark writes."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.client import RequestOutput
+from benchmarks.harness.client import RequestOutput
 
 PERCENTILES = (50, 90, 99)
 
@@ -51,6 +51,11 @@ def summarize(outputs: list[RequestOutput], duration: float) -> dict:
     return report
 
 
+def ruled(head: str, rows: list[str]) -> str:
+    """A text table: the header line, a rule as long, the rows."""
+    return "\n".join([head, "-" * len(head), *rows])
+
+
 def table(report: dict, title: str = "Serving Benchmark Result") -> str:
     w = 50
     lines = [f"{' ' + title + ' ':=^{w}}"]
@@ -92,3 +97,10 @@ def write_result(path: str | Path, result: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=1, default=str))
     print(f"wrote {path}")
+
+
+def finish(text: str, result: dict, path: str | None) -> None:
+    """A benchmark's end: print its table, and write its result to --result-file when named."""
+    print(text)
+    if path:
+        write_result(path, result)

@@ -1,20 +1,25 @@
 """Start a server as a subprocess (ours, or a peer such as llama.cpp's llama-server), wait for
-its /health, and stop it (by its own pid) afterwards. Loopback only."""
+its /health, and stop it (by its own pid) afterwards; find a running server's process and the
+CPU time it used. Loopback only."""
 from __future__ import annotations
 
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
 import tempfile
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import psutil
+
+from benchmarks.harness.client import check_loopback
 from cluster.processes import wait_http
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_MODEL = ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_PEER_BIN = ROOT / ".peer" / "build" / "bin" / "llama-server"
 
@@ -27,6 +32,15 @@ def env_items(items: list[str]) -> dict[str, str]:
         if not sep or not key:
             raise SystemExit(f"expected KEY=VALUE, not {item!r}")
         env[key] = value
+    return env
+
+
+def parse_env(items: list[str]) -> dict[str, str]:
+    """--a-env/--b-env items: KEY=VALUE settings of our server, each PAGEDLLAMA_NAME."""
+    env = env_items(items)
+    for name in env:
+        if not name.startswith("PAGEDLLAMA_"):
+            raise SystemExit(f"not a PAGEDLLAMA_NAME=VALUE setting: {name!r}")
     return env
 
 
@@ -104,6 +118,36 @@ def command_exists(cmd: list[str]) -> bool:
     return _executable(cmd[0]) or shutil.which(cmd[0]) is not None
 
 
+def label(what: str, env: list[str]) -> str:
+    """A server's name in a report: what it is and the settings it was started with."""
+    return " ".join([what, *env])
+
+
+def start_server(stack: ExitStack, what: str, env: list[str], args) -> str:
+    """The base URL of `what`: `ours` (with the PAGEDLLAMA_NAME=VALUE items `env`) or
+    `llama-server`, started here with args.model and args.threads (llama-server with
+    args.parallel slots) until `stack` closes, or the URL of a loopback server running already."""
+    if env and what != "ours":
+        raise SystemExit(f"--a-env/--b-env set our server's settings; {what!r} is not ours")
+    if what.startswith("http"):
+        return check_loopback(what)
+    if what == "ours":
+        spec = our_server(args.model, args.threads, env=parse_env(env))
+    elif what == "llama-server":
+        binary = find_peer_bin()
+        if binary is None:
+            raise SystemExit("llama-server not found (scripts/build_llama_server.sh builds it)")
+        spec = llama_server(binary, args.model, args.threads, args.parallel)
+    else:
+        raise SystemExit(f"--a/--b: ours, llama-server or a URL, not {what!r}")
+    return stack.enter_context(launched(spec))
+
+
+def stop_servers_on_sigterm() -> None:
+    """On SIGTERM, unwind (exit 143) so that the servers this process started are stopped."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+
+
 @contextmanager
 def launched(spec: ServerSpec, startup_timeout: float = 300.0, log_dir: str | None = None):
     """Yields the base URL once GET /health answers 200; the server's output goes to a log
@@ -138,3 +182,21 @@ def _tail(path: Path, n: int = 30) -> str:
         return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
     except OSError:
         return ""
+
+
+def server_process(base: str) -> psutil.Process | None:
+    """The process listening on base's port (the server, ours or a peer's)."""
+    port = int(base.rsplit(":", 1)[1])
+    for conn in psutil.net_connections(kind="tcp"):
+        if conn.laddr and conn.laddr.port == port and conn.status == psutil.CONN_LISTEN and conn.pid:
+            return psutil.Process(conn.pid)
+    return None
+
+
+def cpu_seconds(proc: psutil.Process | None) -> float:
+    """User + system CPU seconds of a process so far; 0 when it is gone or unknown."""
+    try:
+        t = proc.cpu_times() if proc else None
+    except psutil.Error:
+        return 0.0
+    return t.user + t.system if t else 0.0

@@ -37,14 +37,6 @@ def make_client(concurrency: int, timeout: float) -> httpx.AsyncClient:
                              trust_env=False)
 
 
-def add_target_args(p) -> None:
-    """--base-url, --endpoint and --model: the server a client-side benchmark talks to."""
-    p.add_argument("--base-url", default="http://127.0.0.1:8000")
-    p.add_argument("--endpoint", default="/v1/completions",
-                   choices=["/v1/completions", "/v1/chat/completions"])
-    p.add_argument("--model", default=None, help="default: the first id in /v1/models")
-
-
 def first_model(base_url: str) -> str:
     """The first model id the server lists (llama-server accepts any name; ours needs its own)."""
     r = httpx.get(f"{base_url}/v1/models", timeout=10.0, trust_env=False)
