@@ -19,9 +19,16 @@ from pathlib import Path
 from benchmarks import interference, repeat
 from benchmarks.harness import datasets as ds
 from benchmarks.harness.client import first_model
-from benchmarks.harness.launch import (command_exists, env_items, find_peer_bin, launched,
-                                       llama_server, our_server, peer_from_template,
-                                       stop_servers_on_sigterm)
+from benchmarks.harness.launch import (
+    command_exists,
+    env_items,
+    find_peer_bin,
+    launched,
+    llama_server,
+    our_server,
+    peer_from_template,
+    stop_servers_on_sigterm,
+)
 from benchmarks.harness.metrics import finish, ruled
 from benchmarks.harness.options import add, parser
 from benchmarks.harness.workload import alternate, calibrate, run_workload, warmup

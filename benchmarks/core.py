@@ -120,7 +120,7 @@ def table_row(r: dict) -> str:
     met = "-" if target is None else ("yes" if r["ratio"] >= target else "no")
     return (f"{r['streams']:>7} {r['server_output_tok_s']:>12.1f} "
             f"{r['raw_output_tok_s']:>10.1f} {r['ratio']:>10.2f} "
-            f"{'≥ %.2f' % target if target else '-':>7} {met:>4} "
+            f"{f'≥ {target:.2f}' if target else '-':>7} {met:>4} "
             f"{r['raw_decode_tok_s']:>16.1f} {r['server_median_ttft_ms']:>18.0f}")
 
 

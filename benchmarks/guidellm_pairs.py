@@ -82,7 +82,7 @@ def read_levels(report: dict) -> list[dict]:
     for bench in report["benchmarks"]:
         m = bench["metrics"]
 
-        def stat(name: str, key: str = "median") -> float:
+        def stat(name: str, key: str = "median", m: dict = m) -> float:
             ok = m[name]["successful"]
             return ok["percentiles"]["p99"] if key == "p99" else ok[key]
         levels.append({

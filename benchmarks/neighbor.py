@@ -22,8 +22,16 @@ import psutil
 
 from benchmarks.harness import datasets as ds
 from benchmarks.harness.client import RequestOutput, first_model, make_client, payload, send
-from benchmarks.harness.launch import (ServerSpec, cpu_seconds, env_items, find_peer_bin,
-                                       launched, llama_server, our_server, server_process)
+from benchmarks.harness.launch import (
+    ServerSpec,
+    cpu_seconds,
+    env_items,
+    find_peer_bin,
+    launched,
+    llama_server,
+    our_server,
+    server_process,
+)
 from benchmarks.harness.metrics import finish
 from benchmarks.harness.options import CHAT, add, parser
 from benchmarks.harness.workload import calibrate, warmup
@@ -163,7 +171,7 @@ class Neighbour:
         if self.proc is None:
             self.proc = subprocess.Popen(NEIGHBOUR)
 
-    def stop(self, ledger: "CpuLedger | None" = None) -> None:
+    def stop(self, ledger: CpuLedger | None = None) -> None:
         if self.proc is not None:
             if ledger is not None:
                 ledger.neighbour += cpu_seconds(self.ps)

@@ -52,7 +52,7 @@ def parse_sampling(items: list[str]) -> dict:
             fields[name] = SAMPLING_FIELDS[name](value)
         except ValueError:
             raise SystemExit(f"--sampling {name}={value}: not a "
-                             f"{SAMPLING_FIELDS[name].__name__}")
+                             f"{SAMPLING_FIELDS[name].__name__}") from None
     return fields
 
 

@@ -19,10 +19,10 @@ from benchmarks.harness.datasets import token_dataset
 from benchmarks.harness.metrics import finish, ruled, stats_ms
 from benchmarks.harness.options import add, parser
 from benchmarks.harness.workload import alternate
+from engine.config import EngineConfig
 from engine.llama import Model
 from engine.request import Request
 from engine.sampling import SamplingParams
-from engine.config import EngineConfig
 from engine.worker import Worker
 from server import config as server_config
 

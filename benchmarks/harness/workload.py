@@ -16,8 +16,16 @@ import httpx
 from tqdm import tqdm
 
 from benchmarks.harness import datasets as ds
-from benchmarks.harness.client import (NotLoopback, RequestOutput, check_loopback, complete,
-                                       first_model, make_client, payload, send)
+from benchmarks.harness.client import (
+    NotLoopback,
+    RequestOutput,
+    check_loopback,
+    complete,
+    first_model,
+    make_client,
+    payload,
+    send,
+)
 from benchmarks.harness.metrics import finish, summarize
 
 MAX_PROMPTS = 10_000

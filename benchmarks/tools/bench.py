@@ -13,8 +13,8 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import llama_cpp as C
 import numpy as np
@@ -65,7 +65,8 @@ def time_decode(ctx: Context, prompt: list[int], n_seqs: int, n_steps: int,
     next_tokens = [int(np.argmax(ctx.logits(i))) for i in last]
     pos = len(prompt)
     t0 = time.perf_counter()
-    for step in range(1, n_steps + 1):
+    step = 0
+    for step in range(1, n_steps + 1):  # noqa: B007 (the steps run are returned)
         _decode(ctx, [(s, [next_tokens[s]], pos, True) for s in range(n_seqs)])
         next_tokens = [int(np.argmax(ctx.logits(s))) for s in range(n_seqs)]
         pos += 1

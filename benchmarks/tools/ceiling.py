@@ -79,7 +79,7 @@ class Ceiling:
         self.context.close()
         self.model.close()
 
-    def __enter__(self) -> "Ceiling":
+    def __enter__(self) -> Ceiling:
         return self
 
     def __exit__(self, *exc) -> None:
