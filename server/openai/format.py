@@ -12,7 +12,7 @@ from engine import Request
 from engine.logprobs import TokenLogprob
 from scheduler import FinishReason
 from server.http.sse import json_data, message
-from server.openai.tools import parse_tool_calls
+from server.chat.tools import parse_tool_calls
 
 Kind = Literal["chat", "completion"]
 

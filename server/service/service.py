@@ -25,10 +25,10 @@ from engine import (
 )
 from engine.logprobs import TokenLogprob
 from scheduler import FinishReason
+from server.chat.tools import ToolUse, prompt_input
 from server.config import Settings
 from server.http.errors import APIError
 from server.openai.schemas import SamplingFields
-from server.openai.tools import ToolUse, prompt_input
 from server.service.models import LoadedModel, close_models, load_models
 from server.service.prompts import PromptPool
 from server.service.routing import pick_replica
