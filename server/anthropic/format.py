@@ -12,8 +12,8 @@ full KV blocks, which the cache keeps for later requests (the cache takes every 
 itself: no `cache_control` marker is needed); `input_tokens` the rest (the last partial block).
 The three add up to the prompt's length, as Anthropic's do.
 
-Stream events: `message_start` (once the request has a place in the engine, with its cache
-figures then), `ping` every second while the prompt computes, per block `content_block_start`,
+Stream events: `message_start` (once the engine has opened the request, with its cache figures
+then, or after a second in the queue), `ping` every second until the first token, per block `content_block_start`,
 `content_block_delta` (`thinking_delta` then `signature_delta`, `text_delta`, one
 `input_json_delta` with a call's whole input) and `content_block_stop`, then `message_delta`
 (stop reason, and the usage: cumulative, as Anthropic's), `message_stop`. A failure after the

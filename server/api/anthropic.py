@@ -95,19 +95,20 @@ def _admitted(req: Request) -> bool:
 
 async def _stream(svc: Service, gen: Generation, shape: MessageShape, answer: AnswerStream,
                   max_tokens: int) -> AsyncIterator[bytes]:
-    """message_start once the engine has opened the request (or with its first event), pings
-    while the prompt computes, then the blocks as the answer's pieces come."""
+    """message_start once the engine has opened the request (its cache hit is then known) or
+    after a second in its queue, pings while it waits and its prompt computes, then the blocks
+    as the answer's pieces come."""
     req = gen.reqs[0]
     events = svc.stream(gen).__aiter__()
     pending = asyncio.ensure_future(events.__anext__())
     started = tokens = False
-    last_ping = time.monotonic()
+    opened = last_ping = time.monotonic()
     try:
         while True:
             wait = ADMISSION_POLL_S if not started else PING_S
             done, _ = await asyncio.wait({pending}, timeout=wait)
             if not done:
-                if not started and _admitted(req):
+                if not started and (_admitted(req) or time.monotonic() - opened >= PING_S):
                     started, last_ping = True, time.monotonic()
                     yield shape.start(_usage(gen))
                 elif started and not tokens and time.monotonic() - last_ping >= PING_S:
