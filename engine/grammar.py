@@ -107,7 +107,9 @@ def after_thinking(grammar: str, opened: bool) -> str:
     lark = (f"start: {think} @{name}\n"
             'think[stop="</think>"]: /(?s:.*)/\n'
             "WS: /[ \\t\\r\\n]*/\n")
-    return json.dumps({"grammars": [{"lark_grammar": lark}, first, *inner[1:]]})
+    grammar = json.dumps({"grammars": [{"lark_grammar": lark}, first, *inner[1:]]})
+    check(grammar)
+    return grammar
 
 
 def check(grammar: str, tokenizer=None) -> None:

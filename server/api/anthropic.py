@@ -12,12 +12,11 @@ from typing import AsyncIterator
 from fastapi import APIRouter, Request as HTTPRequest
 
 from engine import Request
-from engine.grammar import after_thinking
 from scheduler import FinishReason
 from server.anthropic.convert import sampling, thinking_of, to_chat, tools_of
 from server.anthropic.format import MessageShape, error_event, ping, stop_reason, usage
 from server.anthropic.schemas import CountTokensRequest, MessagesRequest, check_fields, unsupported
-from server.chat.answer import AnswerStream, Thinking, thinking_mode
+from server.chat.answer import AnswerStream, constrain_after_thinking, thinking_mode
 from server.http.openapi import ANTHROPIC_ERROR_RESPONSES, MESSAGES_STREAMED
 from server.http.sse import EventStream
 from server.service.models import LoadedModel
@@ -48,9 +47,7 @@ async def create_message(body: MessagesRequest, http: HTTPRequest):
     prompt = await svc.chat_prompt(lm, messages, body.max_tokens, http, not prefill, prefill,
                                    tools.use, no_thinking=ask.off)
     mode = None if prefill or ask.off else thinking_mode(_thinks(lm), prompt.opens_thinking)
-    grammar = tools.use.grammar()
-    if grammar and mode:
-        grammar = after_thinking(grammar, mode is Thinking.OPEN)
+    grammar = constrain_after_thinking(tools.use.grammar(), mode)
     gen = svc.generate(lm, [prompt], fields, body.max_tokens, http, grammar)
     answer = AnswerStream(tools.use.active, mode, tools.first_only)
     shape = MessageShape(lm.name, ask.omit)

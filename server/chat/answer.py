@@ -19,7 +19,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 
+from engine.grammar import GrammarError, after_thinking
 from server.chat.tools import CallSplitter, ToolCall, partial_suffix
+from server.http.errors import APIError
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 
@@ -42,6 +44,18 @@ def thinking_mode(thinks: bool, prompt_opens: bool) -> Thinking | None:
     if not thinks:
         return None
     return Thinking.OPEN if prompt_opens else Thinking.MAYBE
+
+
+def constrain_after_thinking(grammar: str | None, thinking: Thinking | None) -> str | None:
+    """A thinking model's grammar (structured output, a forced call) applies once its reasoning
+    has ended."""
+    if grammar is None or thinking is None:
+        return grammar
+    try:
+        return after_thinking(grammar, thinking is Thinking.OPEN)
+    except GrammarError as exc:
+        raise APIError(400, f"the constraint cannot follow the model's reasoning: {exc}",
+                       "invalid_schema") from exc
 
 
 class ReasoningSplitter:
