@@ -87,7 +87,8 @@ class Request:
     @property
     def stop_string(self) -> str | None:
         """The stop string that ended the request, if one did."""
-        return self.stream.matched if self.stream is not None else None
+        stream = self.state.stream
+        return stream.matched if stream is not None else None
 
     @property
     def finished(self) -> bool:

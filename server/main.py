@@ -8,8 +8,16 @@ from contextlib import asynccontextmanager
 from fastapi import Depends, FastAPI, Request, Security
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
 
-from server.api import (anthropic, embeddings, models, native, observability, openai, responses,
-                        router_info)
+from server.api import (
+    anthropic,
+    embeddings,
+    models,
+    native,
+    observability,
+    openai,
+    responses,
+    router_info,
+)
 from server.config import load_settings
 from server.http import cors, errors, openapi, protocol
 from server.http.drain import Drain

@@ -13,9 +13,10 @@ itself: no `cache_control` marker is needed); `input_tokens` the rest (the last 
 The three add up to the prompt's length, as Anthropic's do.
 
 Stream events: `message_start` (once the engine has opened the request, with its cache figures
-then, or after a second in the queue), `ping` every second until the first token, per block `content_block_start`,
-`content_block_delta` (`thinking_delta` then `signature_delta`, `text_delta`, one
-`input_json_delta` with a call's whole input) and `content_block_stop`, then `message_delta`
+then, or after a second in the queue), `ping` every second until the first token, per block
+`content_block_start`, `content_block_delta` (`thinking_delta` then `signature_delta`,
+`text_delta`, one `input_json_delta` with a call's whole input) and `content_block_stop`, then
+`message_delta`
 (stop reason, and the usage: cumulative, as Anthropic's), `message_stop`. A failure after the
 start is a final `error` event.
 """

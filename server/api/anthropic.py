@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import AsyncIterator
+from collections.abc import AsyncIterator
 
-from fastapi import APIRouter, Request as HTTPRequest
+from fastapi import APIRouter
+from fastapi import Request as HTTPRequest
 
 from engine import Request
 from scheduler import FinishReason
@@ -87,7 +88,8 @@ def _stop(req: Request, finish: FinishReason | None, shape: MessageShape,
 
 def _admitted(req: Request) -> bool:
     """Whether the engine has opened the request (its cache hit is known)."""
-    return req.seq is not None and req.seq.alloc is not None
+    seq = req.state.seq
+    return seq is not None and seq.alloc is not None
 
 
 async def _stream(svc: Service, gen: Generation, shape: MessageShape, answer: AnswerStream,

@@ -11,6 +11,7 @@ from fastapi import APIRouter
 from fastapi import Request as HTTPRequest
 
 from server.api.models import model_object
+from server.chat.answer import constrain_after_thinking, thinking_mode
 from server.http.errors import APIError, error_body
 from server.http.openapi import ERROR_RESPONSES, STREAMED
 from server.http.sse import EventStream
@@ -24,7 +25,6 @@ from server.openai.schemas import (
 )
 from server.openai.structured import grammar_for
 from server.openai.tools import parse_tools
-from server.chat.answer import constrain_after_thinking, thinking_mode
 from server.service.models import LoadedModel
 from server.service.service import Generation, Service, error_status
 

@@ -10,6 +10,7 @@ from fastapi import APIRouter
 from fastapi import Request as HTTPRequest
 
 from engine import Worker
+from server.chat.answer import constrain_after_thinking, thinking_mode
 from server.http.errors import APIError, error_body
 from server.http.openapi import ERROR_RESPONSES, RESPONSES_STREAMED
 from server.http.sse import EventStream, message
@@ -20,7 +21,6 @@ from server.openai.responses import (
     reject_unsupported,
     to_messages,
 )
-from server.chat.answer import constrain_after_thinking, thinking_mode
 from server.service.service import Service, error_status
 
 router = APIRouter(prefix="/v1", responses=ERROR_RESPONSES)

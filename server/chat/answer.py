@@ -92,7 +92,8 @@ class ReasoningSplitter:
             end = self.held.find(THINK_CLOSE)
             if end >= 0:
                 self._reason(out, self.held[:end].rstrip())
-                self.held, self.state, self.trim = self.held[end + len(THINK_CLOSE):], "answer", True
+                self.held = self.held[end + len(THINK_CLOSE):]
+                self.state, self.trim = "answer", True
                 continue
             safe = len(self.held) - partial_suffix(self.held, THINK_CLOSE)
             part = self.held[:safe].rstrip()

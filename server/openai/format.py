@@ -16,9 +16,9 @@ from typing import Literal, Protocol
 from engine import Request
 from engine.logprobs import TokenLogprob
 from scheduler import FinishReason
-from server.http.sse import json_data, message
 from server.chat.answer import AnswerStream, Reasoning, Thinking, split_answer
 from server.chat.tools import ToolCall
+from server.http.sse import json_data, message
 
 Kind = Literal["chat", "completion"]
 

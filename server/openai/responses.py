@@ -28,13 +28,13 @@ from pydantic import ConfigDict, Field
 
 from engine import Request
 from scheduler import FinishReason
+from server.chat.answer import AnswerStream, Reasoning, Thinking, split_answer
+from server.chat.tools import ToolCall, ToolUse
 from server.http.errors import APIError
 from server.http.sse import json_data, message
 from server.openai.fields import check_keys, check_stream_options
 from server.openai.schemas import INT32_MAX, Bool, Int, SamplingFields
 from server.openai.structured import text_format_grammar
-from server.chat.answer import AnswerStream, Reasoning, Thinking, split_answer
-from server.chat.tools import ToolCall, ToolUse
 from server.openai.tools import parse_tools
 
 _TEXT_PARTS = {"input_text", "output_text", "text"}

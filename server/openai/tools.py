@@ -6,9 +6,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from server.chat.tools import (OPEN, CLOSE, CallSplitter, Function, ToolCall, ToolUse,  # noqa: F401
-                               calls_grammar, parse_tool_calls, prompt_input, render_messages,
-                               system_text)
+from server.chat.tools import (  # noqa: F401
+    CLOSE,
+    OPEN,
+    CallSplitter,
+    Function,
+    ToolCall,
+    ToolUse,
+    calls_grammar,
+    parse_tool_calls,
+    prompt_input,
+    render_messages,
+    system_text,
+)
 from server.http.errors import APIError
 from server.openai.fields import check_keys
 from server.openai.structured import compile_schema

@@ -24,8 +24,8 @@ def test_a_bad_default_stops_the_server_at_start_up(raw, match):
 
 # ---- chat_template: a Jinja file instead of the GGUF's template ----------------------------------
 def models_file(tmp_path, entry: str):
-    from server.config import _models_from_file
     from engine import EngineConfig
+    from server.config import _models_from_file
 
     path = tmp_path / "models.yaml"
     path.write_text("models:\n  - name: m\n    path: m.gguf\n" + entry)
