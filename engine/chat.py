@@ -35,6 +35,9 @@ class ChatTemplate:
         # the template reads a `tools` variable and writes <tool_call> blocks.
         self.knows_tools = ("tools" in meta.find_undeclared_variables(env.parse(source))
                             and "<tool_call>" in source)
+        # A thinking model's template (Qwen3, the DeepSeek-R1 distills) writes its reasoning
+        # as <think>…</think>: its answers start with reasoning (server/chat/answer.py).
+        self.thinks = "</think>" in source
 
     def render(self, messages: list[dict], add_generation_prompt: bool = True,
                continue_final_message: bool = False, tools: list[dict] | None = None) -> str:

@@ -11,6 +11,7 @@ class TextStream:
         self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self.stop = [s for s in (stop or []) if s]
         self.held = ""    # text that may be the start of a stop string
+        self.matched: str | None = None   # the stop string that ended the text, once one did
 
     def push(self, token: int) -> tuple[str, bool]:
         """Text that is safe to emit after this token, and whether a stop string was reached
@@ -20,8 +21,10 @@ class TextStream:
             return text, False
         hits = [i for i in (text.find(s) for s in self.stop) if i >= 0]
         if hits:
+            at = min(hits)
             self.held = ""
-            return text[:min(hits)], True
+            self.matched = next(s for s in self.stop if text.find(s) == at)
+            return text[:at], True
         keep = self._partial_stop_suffix(text)
         self.held = text[len(text) - keep:]
         return text[:len(text) - keep], False

@@ -91,6 +91,27 @@ def from_lark(lark: str) -> str:
     return llg.LLMatcher.grammar_from_lark(lark)
 
 
+def after_thinking(grammar: str, opened: bool) -> str:
+    """A grammar that leaves a thinking model's reasoning free and holds what follows it to
+    `grammar`: free text up to the first `</think>` (the prompt `opened` the block), or an
+    optional `<think>…</think>` block the model opens itself, then optional whitespace, then
+    `grammar`'s language."""
+    stripped = grammar.lstrip()
+    inner = (json.loads(grammar)["grammars"] if stripped.startswith("{")
+             else [{"lark_grammar": grammar}])   # from_lark and from_gbnf give Lark text
+    first = dict(inner[0])
+    name = first.setdefault("name", "after_thinking_inner")
+    think = '"<think>" think WS' if not opened else "think WS"
+    if not opened:
+        think = f"({think})?"
+    lark = (f"start: {think} @{name}\n"
+            'think[stop="</think>"]: /(?s:.*)/\n'
+            "WS: /[ \\t\\r\\n]*/\n")
+    grammar = json.dumps({"grammars": [{"lark_grammar": lark}, first, *inner[1:]]})
+    check(grammar)
+    return grammar
+
+
 def check(grammar: str, tokenizer=None) -> None:
     """Raise GrammarError naming the problem if llguidance cannot enforce this grammar."""
     is_error, messages = llg.LLMatcher.validate_grammar_with_warnings(grammar, tokenizer)

@@ -85,6 +85,12 @@ class Request:
         return self.state.finish_reason
 
     @property
+    def stop_string(self) -> str | None:
+        """The stop string that ended the request, if one did."""
+        stream = self.state.stream
+        return stream.matched if stream is not None else None
+
+    @property
     def finished(self) -> bool:
         return self.state.finish_reason is not None
 

@@ -19,6 +19,7 @@ class ModelSpec:
     contexts: int = 1                       # replicas: llama.cpp contexts of this model
     defaults: dict = field(default_factory=dict)   # per-model default sampling values
     gpu_layers: int | None = None           # layers offloaded with a GPU build (-1: all)
+    chat_template: Path | None = None       # a Jinja chat template file instead of the GGUF's
 
 
 @dataclass
@@ -151,6 +152,13 @@ def _models_from_file(path: Path, base: EngineConfig) -> list[ModelSpec]:
             model_path = (path.parent / model_path).resolve()
         contexts = int(entry.pop("contexts", 1))
         gpu_layers = entry.pop("gpu_layers", None)
+        chat_template = entry.pop("chat_template", None)
+        if chat_template is not None:
+            chat_template = Path(chat_template)
+            if not chat_template.is_absolute():
+                chat_template = (path.parent / chat_template).resolve()
+            if not chat_template.is_file():
+                raise ValueError(f"{path}: models[{i}].chat_template: no file {chat_template}")
         defaults = sampling_defaults(entry.pop("defaults", None) or {},
                                      f"{path}: models[{i}].defaults")
         overrides = {_ALIASES.get(k, k): v for k, v in entry.items()}
@@ -158,7 +166,7 @@ def _models_from_file(path: Path, base: EngineConfig) -> list[ModelSpec]:
         if unknown:
             raise ValueError(f"{path}: models[{i}] has unknown keys {sorted(unknown)}")
         specs.append(ModelSpec(name, model_path, replace(base, **overrides), contexts, defaults,
-                               None if gpu_layers is None else int(gpu_layers)))
+                               None if gpu_layers is None else int(gpu_layers), chat_template))
     return specs
 
 

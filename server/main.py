@@ -6,9 +6,18 @@ import logging
 from contextlib import asynccontextmanager
 
 from fastapi import Depends, FastAPI, Request, Security
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
 
-from server.api import embeddings, models, native, observability, openai, responses, router_info
+from server.api import (
+    anthropic,
+    embeddings,
+    models,
+    native,
+    observability,
+    openai,
+    responses,
+    router_info,
+)
 from server.config import load_settings
 from server.http import cors, errors, openapi, protocol
 from server.http.drain import Drain
@@ -56,16 +65,24 @@ async def lifespan(app: FastAPI):
 
 
 bearer = HTTPBearer(auto_error=False, description="PAGEDLLAMA_API_KEY, when it is set")
+x_api_key = APIKeyHeader(name="x-api-key", auto_error=False,
+                         description="PAGEDLLAMA_API_KEY, when it is set (Anthropic's clients)")
 
 
 async def require_api_key(request: Request,
-                          credentials: HTTPAuthorizationCredentials | None = Security(bearer)):
-    """With PAGEDLLAMA_API_KEY set, generation and model routes need `Authorization: Bearer KEY`.
-    Declares the bearer scheme in the OpenAPI schema. The check that matters runs earlier, in
-    server/http/edge.py, before the body is read; this one repeats it (constant time)."""
+                          credentials: HTTPAuthorizationCredentials | None = Security(bearer),
+                          api_key: str | None = Security(x_api_key)):
+    """With PAGEDLLAMA_API_KEY set, generation and model routes need `Authorization: Bearer KEY`
+    or `x-api-key: KEY`. Declares both schemes in the OpenAPI schema. The check that matters
+    runs earlier, in server/http/edge.py, before the body is read; this one repeats it
+    (constant time)."""
     key = request.app.state.settings.api_key
-    given = credentials.credentials.encode() if credentials else b""
-    if key and not hmac.compare_digest(given, key.encode()):
+    if not key:
+        return
+    bearer_ok = hmac.compare_digest(credentials.credentials.encode() if credentials else b"",
+                                    key.encode())
+    header_ok = hmac.compare_digest((api_key or "").encode(), key.encode())
+    if not (bearer_ok or header_ok):
         raise errors.APIError(401, "invalid or missing API key", "invalid_api_key")
 
 
@@ -79,6 +96,7 @@ app.add_middleware(Edge)
 cors.install(app, cors.origins_from_env())
 app.include_router(openai.router, dependencies=[Depends(require_api_key)])
 app.include_router(responses.router, dependencies=[Depends(require_api_key)])
+app.include_router(anthropic.router, dependencies=[Depends(require_api_key)])
 app.include_router(embeddings.router, dependencies=[Depends(require_api_key)])
 app.include_router(models.router, dependencies=[Depends(require_api_key)])
 app.include_router(native.router, dependencies=[Depends(require_api_key)])

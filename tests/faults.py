@@ -4,6 +4,7 @@ fail, to test that an engine error fails only that context's requests. Run it as
 
     PAGEDLLAMA_TEST_FAIL_DECODE=NAME:N    the Nth llama_decode call of context NAME (e.g.
                                           "SmolLM2-135M-Instruct.Q4_1/1:20") returns -1, once
+                                          (NAME:N,M,…: each of those calls)
 
 -1 is what llama_decode returns for a batch it rejects before touching the KV cache.
 """
@@ -28,18 +29,18 @@ def inject(workers: list[Worker]) -> None:
     name, _, nth = spec.rpartition(":")
     for worker in workers:
         if worker.name == name:
-            _fail_once(worker, int(nth))
+            _fail_once(worker, {int(n) for n in nth.split(",")})
             log.warning("TEST APP %s: llama_decode call %s of context %s will fail", ENV, nth,
                         name)
 
 
-def _fail_once(worker: Worker, nth: int) -> None:
+def _fail_once(worker: Worker, nth: set[int]) -> None:
     decode, calls = worker.context.decode, 0
 
     def decode_or_fail(pieces):
         nonlocal calls
         calls += 1
-        return -1 if calls == nth else decode(pieces)
+        return -1 if calls in nth else decode(pieces)
     worker.context.decode = decode_or_fail
 
 

@@ -196,6 +196,24 @@ def test_core_compares_server_with_raw_loop(tmp_path):
     assert [r["target"] for r in rows] == [0.9, None]
 
 
+def test_agent_sessions_through_the_messages_api_against_ours_alone(server_url, tmp_path):
+    out = tmp_path / "agent.json"
+    bench("agent", "--quick", "--ours", server_url, "--peer", "none", "--result-file", str(out))
+    level = json.loads(out.read_text())["levels"]["1"]
+    first, second = level["per_turn"]["pagedllama"]
+    assert first["completed"] == second["completed"] == 1
+    assert second["input_tokens"] > first["input_tokens"] > 500   # the history grew
+    assert second["cached_tokens"] >= first["input_tokens"] - 16  # the first turn came back
+    assert any("cached >= 90% of input" in t for t in level["targets"])
+
+
+def test_agent_refuses_a_non_loopback_peer():
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.agent", "--ours", "http://127.0.0.1:9",
+                           "--peer", "http://192.0.2.1:8000"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode != 0 and "loopback" in proc.stderr
+
+
 def test_compare_without_peer_binary_skips_cleanly():
     proc = bench("compare", "--peer-bin", "/nonexistent/llama-server", timeout=60)
     assert "SKIPPED" in proc.stdout and "/nonexistent/llama-server" in proc.stdout

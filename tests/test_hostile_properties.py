@@ -33,7 +33,9 @@ ROUTES = {"/v1/chat/completions": "ChatCompletionRequest",
           "/v1/embeddings": "EmbeddingRequest",
           "/tokenize": "TokenizeRequest",
           "/detokenize": "DetokenizeRequest",
-          "/generate_stream": "GenerateRequest"}
+          "/generate_stream": "GenerateRequest",
+          "/v1/messages": "MessagesRequest",
+          "/v1/messages/count_tokens": "CountTokensRequest"}
 
 
 @pytest.fixture(scope="module")
@@ -204,6 +206,47 @@ NESTED = {"messages": st.lists(MESSAGE, min_size=1, max_size=4),
           "input": weighted((1, TEXT), (3, st.lists(INPUT_ITEM, min_size=1, max_size=4))),
           "tools": TOOLS}
 
+# Anthropic's shapes (/v1/messages): content blocks, tool uses and results, tools, tool_choice
+A_TEXT = st.fixed_dictionaries({"type": sometimes(st.just("text"), 8), "text": sometimes(TEXT)},
+                               optional={"cache_control": st.just({"type": "ephemeral"})})
+A_BLOCK = weighted(
+    (4, A_TEXT),
+    (2, st.fixed_dictionaries({"type": st.just("tool_use"), "id": sometimes(st.just("toolu_1")),
+                               "name": sometimes(st.just("f")),
+                               "input": sometimes(st.sampled_from([{}, {"a": 1}]))})),
+    (2, st.fixed_dictionaries({"type": st.just("tool_result"),
+                               "tool_use_id": sometimes(st.just("toolu_1")),
+                               "content": sometimes(st.one_of(TEXT, st.lists(A_TEXT, max_size=2)))},
+                              optional={"is_error": sometimes(st.booleans())})),
+    (1, st.fixed_dictionaries({"type": st.sampled_from(["thinking", "image", "document",
+                                                        "redacted_thinking", "x"]),
+                               "thinking": TEXT, "signature": st.just("")})),
+    (1, HOSTILE))
+A_MESSAGE = st.fixed_dictionaries({
+    "role": sometimes(st.sampled_from(["user", "assistant", "system"]), 8),
+    "content": weighted((4, TEXT), (3, st.lists(A_BLOCK, max_size=3)), (1, HOSTILE))})
+A_TOOLS = st.lists(weighted(
+    (4, st.fixed_dictionaries({"name": sometimes(st.sampled_from(["f", "get_weather"])),
+                               "input_schema": sometimes(st.sampled_from(
+                                   [{"type": "object"}, {"type": "object", "properties": {
+                                       "a": {"type": "integer"}}, "required": ["a"]}]))},
+                              optional={"description": TEXT,
+                                        "type": st.sampled_from(["custom", "web_search_20250305"]),
+                                        "strict": st.booleans()})),
+    (1, HOSTILE)), max_size=2)
+A_NESTED = {"messages": st.lists(A_MESSAGE, min_size=1, max_size=4),
+            "system": st.one_of(TEXT, st.lists(A_TEXT, max_size=2)),
+            "tools": A_TOOLS,
+            "tool_choice": st.one_of(
+                st.fixed_dictionaries({"type": st.sampled_from(["auto", "any", "none"])},
+                                      optional={"disable_parallel_tool_use": st.booleans()}),
+                st.fixed_dictionaries({"type": st.just("tool"), "name": sometimes(st.just("f"))}),
+                HOSTILE),
+            "thinking": st.one_of(st.sampled_from([{"type": "disabled"}, {"type": "adaptive"},
+                                                   {"type": "enabled", "budget_tokens": 1024}]),
+                                  HOSTILE),
+            "stop_sequences": st.lists(TEXT, max_size=3)}
+
 
 FIELDS = ["tools", "tool_choice", "input", "logprobs", "top_logprobs", "n", "unknown_field",
           "messages", "prompt", "max_tokens", "seed", "stop", "model", "response_format"]
@@ -223,8 +266,10 @@ def requests(draw, schemas: dict):
     schema["properties"] = {k: v for k, v in schema["properties"].items()
                             if k not in REFUSED.get(path, ())}
     body = draw(object_of(schema, schemas))
-    for name, strategy in NESTED.items():
-        if name in body and draw(st.booleans()):
+    nested = A_NESTED if path.startswith("/v1/messages") else NESTED
+    for name, strategy in nested.items():
+        if (name in body or name in A_NESTED) and name in schema["properties"] \
+                and draw(st.booleans()):
             body[name] = draw(strategy)
     if "max_tokens" in schema["properties"] and draw(st.integers(0, 5)) == 0:
         body["max_tokens"] = draw(st.integers(0, 300))   # past the context too (256)
@@ -252,7 +297,8 @@ def check_answer(status: int, data: bytes, path: str, body) -> None:
         assert isinstance(error["message"], str) and error["message"], what
         return
     for line in data.splitlines():   # a stream that ended with an error event
-        if line.startswith(b"data:") and b'"error"' in line and b"engine_error" in line:
+        if line.startswith(b"data:") and b'"error"' in line and (b"engine_error" in line
+                                                                 or b"api_error" in line):
             raise AssertionError(what)
 
 

@@ -112,6 +112,14 @@ def test_a_wrong_key_is_a_401_and_the_right_one_answers(key_server):
     assert right.status_code == 200, right.text
 
 
+def test_the_key_may_come_as_x_api_key_and_a_wrong_one_is_a_401(key_server):
+    body = {"model": SMOLLM2_NAME, "prompt": "Hi", "max_tokens": 2}
+    wrong = httpx.post(f"{key_server}/v1/completions", json=body, headers={"x-api-key": "no"})
+    right = httpx.post(f"{key_server}/v1/completions", json=body, headers={"x-api-key": KEY},
+                       timeout=60)
+    assert wrong.status_code == 401 and right.status_code == 200, right.text
+
+
 def test_401_comes_before_the_body_is_read(key_server):
     with connect(key_server) as sock:              # announces 1 MB, sends none of it
         sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-length: "
@@ -189,9 +197,10 @@ def test_openapi_documents_400_errors_and_never_422(server_url):
     schema = httpx.get(f"{server_url}/openapi.json").json()
     posts = [(p, op) for p, m, op in operations(schema) if m == "post"]
     assert posts and all("422" not in op["responses"] for _, _, op in operations(schema))
-    for path, op in posts:
+    for path, op in posts:   # each route's errors in the shape of its API
         error = op["responses"]["400"]["content"]["application/json"]["schema"]
-        assert error == {"$ref": "#/components/schemas/ErrorResponse"}, path
+        shape = "AnthropicErrorResponse" if path.startswith("/v1/messages") else "ErrorResponse"
+        assert error == {"$ref": f"#/components/schemas/{shape}"}, path
     assert "HTTPValidationError" not in schema["components"]["schemas"]
 
 
@@ -206,6 +215,7 @@ def test_openapi_declares_the_bearer_scheme_only_where_a_key_is_required(server_
     assert "securitySchemes" not in open_schema["components"]
     keyed = httpx.get(f"{key_server}/openapi.json", headers={"authorization": f"Bearer {KEY}"}).json()
     assert keyed["components"]["securitySchemes"]["HTTPBearer"]["scheme"] == "bearer"
+    assert keyed["components"]["securitySchemes"]["APIKeyHeader"]["name"] == "x-api-key"
     secured = {p for p, _, op in operations(keyed) if op.get("security")}
     assert {"/v1/chat/completions", "/v1/completions", "/v1/models", "/generate_stream",
             "/v1/responses", "/v1/embeddings", "/v1/models/{model_id}", "/tokenize",

@@ -175,6 +175,16 @@ def test_a_named_tool_choice_streams_openai_tool_call_deltas(client, model_name)
     jsonschema.validate(json.loads(args), WEATHER["function"]["parameters"])
 
 
+def test_with_tools_offered_a_streamed_answer_sends_its_text_as_it_is_generated(client,
+                                                                               model_name):
+    stream = client.chat.completions.create(
+        model=model_name, max_tokens=24, temperature=0, stream=True, tools=[WEATHER],
+        messages=[{"role": "user", "content": "Count from 1 to 10, separated by commas."}])
+    deltas = [c.choices[0].delta.content for c in stream if c.choices and
+              c.choices[0].delta.content]
+    assert len(deltas) > 3      # held back, the whole text would come as one delta at the end
+
+
 def test_a_history_with_calls_and_tool_results_is_accepted(client, model_name):
     resp = client.chat.completions.create(model=model_name, max_tokens=8, temperature=0,
                                           tools=[WEATHER], messages=WEATHER_Q + [

@@ -98,6 +98,16 @@ def test_a_named_tool_choice_streams_the_call_events_the_sdk_assembles(client, m
     jsonschema.validate(call.parsed_arguments, PARAMS)
 
 
+def test_with_tools_offered_a_streamed_answer_sends_its_text_as_it_is_generated(client,
+                                                                               model_name):
+    events = list(client.responses.create(
+        model=model_name, tools=[WEATHER], max_output_tokens=24, temperature=0, stream=True,
+        input="Count from 1 to 10, separated by commas."))
+    deltas = [e.delta for e in events if e.type == "response.output_text.delta"]
+    (done,) = [e for e in events if e.type == "response.output_item.done"]
+    assert len(deltas) > 3 and "".join(deltas) == done.item.content[0].text
+
+
 def test_a_history_with_a_function_call_and_its_output_is_answered(client, model_name):
     resp = respond(client, model_name, max_output_tokens=8, tools=[WEATHER], input=[
         {"role": "user", "content": WEATHER_Q},

@@ -40,7 +40,11 @@ class DetokenizeRequest(Body):
 def model_object(lm: LoadedModel) -> dict:
     return {"id": lm.name, "object": "model", "created": lm.created, "owned_by": "pagedllama",
             "max_model_len": lm.max_seq_len, "contexts": len(lm.workers),
-            "tool_format": lm.tool_format, "gguf": lm.facts}
+            "tool_format": lm.tool_format,
+            "thinks": lm.template is not None and lm.template.thinks,
+            "chat_template": None if lm.template is None else
+            "file" if lm.spec.chat_template is not None else "gguf",
+            "gguf": lm.facts}
 
 
 def pick_model(http: HTTPRequest, name: str | None) -> LoadedModel:

@@ -15,7 +15,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from server.metrics import MetricsObserver
 
 router = APIRouter()
-DASHBOARD = Path(__file__).resolve().parent / "static" / "dashboard.html"
+DASHBOARD = Path(__file__).resolve().parent.parent / "static" / "dashboard.html"   # server/static
 
 
 def _observer(http: HTTPRequest) -> MetricsObserver | None:

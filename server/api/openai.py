@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections import defaultdict
 from collections.abc import AsyncIterator
 
 from fastapi import APIRouter
 from fastapi import Request as HTTPRequest
 
 from server.api.models import model_object
+from server.chat.answer import constrain_after_thinking, thinking_mode
 from server.http.errors import APIError, error_body
 from server.http.openapi import ERROR_RESPONSES, STREAMED
 from server.http.sse import EventStream
@@ -64,8 +64,13 @@ async def chat_completions(body: ChatCompletionRequest, http: HTTPRequest):
     max_tokens = body.max_completion_tokens or body.max_tokens
     prompt = await svc.chat_prompt(lm, messages, max_tokens, http, body.add_generation_prompt,
                                    body.continue_final_message, use)
-    gen = svc.generate(lm, [prompt], body, max_tokens, http, grammar or use.grammar())
-    return await _respond(svc, gen, _format("chat", lm, body, tools=use.active))
+    thinking = None if body.continue_final_message else thinking_mode(
+        lm.template.thinks, prompt.opens_thinking)
+    grammar = constrain_after_thinking(grammar or use.grammar(), thinking)
+    gen = svc.generate(lm, [prompt], body, max_tokens, http, grammar)
+    fmt = _format("chat", lm, body, tools=use.active)
+    fmt.thinking = thinking
+    return await _respond(svc, gen, fmt)
 
 
 @router.post("/completions", responses=STREAMED)
@@ -127,9 +132,10 @@ async def _respond(svc: Service, gen: Generation, fmt: OpenAIFormat):
 
 
 async def _stream(svc: Service, gen: Generation, fmt: OpenAIFormat) -> AsyncIterator[bytes]:
-    """Every chunk carries its choice's index. With tools, a choice's text is held back until
-    its end: only then can it be told apart from a call (the fallback format), and the calls go
-    out as OpenAI's tool-call deltas. A completions echo goes out with its choice's first event,
+    """Every chunk carries its choice's index. With tools, or a model that thinks, a choice's
+    text is told apart as it comes (OpenAIFormat.splits): text goes out at once except what may
+    start a call, each call as OpenAI's tool-call deltas once it is complete, reasoning as
+    reasoning_content deltas. A completions echo goes out with its choice's first event,
     when the prompt's logprobs (if asked) are known. With continuous_usage_stats every chunk
     carries the usage so far (completion tokens: those delivered up to that chunk)."""
     delivered = 0
@@ -142,7 +148,6 @@ async def _stream(svc: Service, gen: Generation, fmt: OpenAIFormat) -> AsyncIter
         fmt.usage_now = usage_now
     for chunk in fmt.opening_chunks():
         yield chunk
-    held: dict[int, list[str]] = defaultdict(list)
     started: set[int] = set()
     async for event in svc.stream(gen):
         if event.error:   # the stream still ends as streams do: with [DONE]
@@ -156,12 +161,18 @@ async def _stream(svc: Service, gen: Generation, fmt: OpenAIFormat) -> AsyncIter
             started.add(i)
             for chunk in fmt.echo_chunks(i, gen.prompt_logprobs(i, fmt.n)):
                 yield chunk
-        if event.text and fmt.tools:
-            held[i].append(event.text)
-        elif event.text or event.logprobs:
+        if fmt.splits:
+            if event.finish_reason:
+                chunks = fmt.closing_chunks(event.text, event.finish_reason, i, event.logprobs)
+            else:
+                chunks = fmt.piece_chunks(event.text, i, event.logprobs)
+            for chunk in chunks:
+                yield chunk
+            continue
+        if event.text or event.logprobs:
             yield fmt.text_chunk(event.text, event.logprobs, i)
         if event.finish_reason:
-            for chunk in fmt.closing_chunks("".join(held.pop(i, [])), event.finish_reason, i):
+            for chunk in fmt.closing_chunks("", event.finish_reason, i):
                 yield chunk
     if fmt.include_usage:
         yield fmt.usage_chunk(usage(gen.reqs))

@@ -1,6 +1,6 @@
 """POST /v1/responses: OpenAI's Responses API (server/openai/responses.py shapes it). Generation
-is the same service path as chat completions; without tools the text streams as it comes, with
-tools it is held to the end, as chat holds it, since only then can a call be told from text."""
+is the same service path as chat completions; streamed, the text goes out as it comes, except
+what may start a call (tools), and each call goes out as its item once it is complete."""
 from __future__ import annotations
 
 import json
@@ -10,6 +10,7 @@ from fastapi import APIRouter
 from fastapi import Request as HTTPRequest
 
 from engine import Worker
+from server.chat.answer import constrain_after_thinking, thinking_mode
 from server.http.errors import APIError, error_body
 from server.http.openapi import ERROR_RESPONSES, RESPONSES_STREAMED
 from server.http.sse import EventStream, message
@@ -33,8 +34,10 @@ async def create_response(body: ResponsesRequest, http: HTTPRequest):
     use, grammar = constraints(body, lm.model)
     max_tokens = body.max_output_tokens or body.max_tokens
     prompt = await svc.chat_prompt(lm, to_messages(body), max_tokens, http, use=use)
+    thinking = thinking_mode(lm.template.thinks, prompt.opens_thinking)
+    grammar = constrain_after_thinking(grammar, thinking)
     worker, req = svc.submit(lm, prompt, body, max_tokens, grammar)
-    state = ResponseState(body, lm.name, req, use)
+    state = ResponseState(body, lm.name, req, use, thinking=thinking)
     if body.stream:
         return EventStream(_stream(svc, worker, state, http))
     async for event in svc.events(worker, req, http, poll_disconnect=True):
@@ -51,14 +54,10 @@ async def create_response(body: ResponsesRequest, http: HTTPRequest):
 
 async def _stream(svc: Service, worker: Worker, s: ResponseState,
                   http: HTTPRequest) -> AsyncIterator[bytes]:
-    """Without tools the message streams as it comes; with tools the text is held back and the
-    items (a message, function calls) go out whole at the end."""
-    live = not s.use.active
+    """The items as the answer's pieces come: a message's text as deltas, a call's item when it
+    is complete, reasoning as reasoning_text deltas (ResponseState.pieces_events)."""
     yield s.event("response.created", response=s.response())
     yield s.event("response.in_progress", response=s.response())
-    if live:
-        for e in s.message_opened(0):
-            yield e
     async for event in svc.events(worker, s.req, http):
         if event.error:   # the final event: an engine error, or a drain ended the response
             status, code = error_status(event)
@@ -67,17 +66,10 @@ async def _stream(svc: Service, worker: Worker, s: ResponseState,
                  "sequence_number": s.seq}), "error")
             return
         if event.text:
-            s.text += event.text
-            if live:
-                yield s.text_delta(0, event.text)
-        s.finish = event.finish_reason or s.finish
-    items = s.finish_output()
-    if live:
-        for e in s.message_closed(0, items[0]):
-            yield e
-    else:
-        for index, item in enumerate(items):
-            for e in s.item_events(index, item):
+            for e in s.pieces_events(event.text):
                 yield e
+        s.finish = event.finish_reason or s.finish
+    for e in s.end_events():
+        yield e
     final = "response.completed" if s.status() == "completed" else "response.incomplete"
     yield s.event(final, response=s.response())

@@ -4,12 +4,15 @@ A pure ASGI middleware (Starlette's BaseHTTPMiddleware would hide client disconn
 HTTP request, in order, without parsing anything:
 1. while the server drains (SIGTERM), a new API request is a 503 with Retry-After;
 2. a route that needs the API key and lacks it is a 401 (constant-time compare), body unread;
+   the key comes as `Authorization: Bearer KEY` (OpenAI's clients) or `x-api-key: KEY`
+   (Anthropic's);
 3. a Content-Length over the body limit is a 413, body unparsed;
 4. the body is read with a timeout per read (408 when a client sends less than it announced)
    and a running size check (413 for chunked bodies), then replayed to the app.
 A body left unread by a refusal is discarded by uvicorn's h11 protocol (the connection stays
 open, no reset), under server/http/protocol.py's time limits. API requests are counted while they
-run, so the drain knows when they are done.
+run, so the drain knows when they are done. A refusal comes in the shape of the API the path
+belongs to (server/http/errors.py).
 """
 from __future__ import annotations
 
@@ -18,7 +21,7 @@ import hmac
 import json
 
 from server.config import EdgeLimits
-from server.http.errors import error_body
+from server.http.errors import anthropic_error, error_body, is_anthropic
 
 OBSERVABILITY = ("/metrics", "/stats", "/dashboard", "/docs", "/docs/oauth2-redirect", "/redoc",
                  "/openapi.json")
@@ -42,11 +45,24 @@ def needs_key(path: str, key: str | None, limits: EdgeLimits) -> bool:
 
 
 def authorized(headers: list[tuple[bytes, bytes]], key: str) -> bool:
-    given = next((value for name, value in headers if name == b"authorization"), b"")
-    scheme, _, token = given.partition(b" ")
-    # the scheme is case-insensitive (RFC 7235: "bearer" is "Bearer"); the token is compared
-    # in constant time
-    return scheme.lower() == b"bearer" and hmac.compare_digest(token, key.encode())
+    """`Authorization: Bearer KEY` or `x-api-key: KEY` (either one right is enough)."""
+    return key_matches(bearer_token(headers), key) or key_matches(header(headers, b"x-api-key"),
+                                                                  key)
+
+
+def header(headers: list[tuple[bytes, bytes]], name: bytes) -> bytes | None:
+    return next((value for n, value in headers if n == name), None)
+
+
+def bearer_token(headers: list[tuple[bytes, bytes]]) -> bytes | None:
+    # the scheme is case-insensitive (RFC 7235: "bearer" is "Bearer")
+    scheme, _, token = (header(headers, b"authorization") or b"").partition(b" ")
+    return token if scheme.lower() == b"bearer" else None
+
+
+def key_matches(given: bytes | None, key: str) -> bool:
+    """Compared in constant time."""
+    return given is not None and hmac.compare_digest(given, key.encode())
 
 
 class BodyTooLarge(Exception):
@@ -85,8 +101,13 @@ def replay(body: bytes, receive):
     return receive_again
 
 
-async def respond(send, status: int, message: str, code: str, headers: dict | None = None) -> None:
-    payload = json.dumps(error_body(status, message, code)).encode()
+async def respond(send, status: int, message: str, code: str, headers: dict | None = None,
+                  path: str = "") -> None:
+    if is_anthropic(path):
+        status, body = anthropic_error(status, message)
+    else:
+        body = error_body(status, message, code)
+    payload = json.dumps(body).encode()
     raw = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
     raw += [(k.lower().encode(), str(v).encode()) for k, v in (headers or {}).items()]
     await send({"type": "http.response.start", "status": status, "headers": raw})
@@ -112,14 +133,14 @@ class Edge:
         if api and drain.draining:
             return await respond(send, 503, "The server is shutting down; retry on another "
                                  "instance.", "server_shutting_down",
-                                 {"Retry-After": drain.retry_after})
+                                 {"Retry-After": drain.retry_after}, path)
         if needs_key(path, settings.api_key, limits) and not authorized(scope["headers"],
                                                                         settings.api_key):
             return await respond(send, 401, "invalid or missing API key", "invalid_api_key",
-                                 {"WWW-Authenticate": "Bearer"})
+                                 {"WWW-Authenticate": "Bearer"}, path)
         length = content_length(scope["headers"])
         if length is not None and length > limits.max_body_bytes:
-            return await respond(send, 413, _too_large(limits), "request_too_large")
+            return await respond(send, 413, _too_large(limits), "request_too_large", path=path)
         drain.active += api
         try:
             await self._read_then_call(scope, receive, send, limits)
@@ -132,11 +153,12 @@ class Edge:
         except ClientGone:
             return
         except BodyTooLarge:
-            return await respond(send, 413, _too_large(limits), "request_too_large")
+            return await respond(send, 413, _too_large(limits), "request_too_large",
+                                 path=scope["path"])
         except TimeoutError:
             return await respond(send, 408, f"the request body did not arrive within "
                                  f"{limits.read_timeout:g} s", "request_timeout",
-                                 {"Connection": "close"})
+                                 {"Connection": "close"}, scope["path"])
         await self.app(scope, replay(body, receive), send)
 
 

@@ -1,4 +1,9 @@
-"""OpenAI-style errors: {"error": {"message", "type", "code"}} with the right status."""
+"""Errors in the shape of the API a route serves, with the right status: OpenAI's
+`{"error": {"message", "type", "param", "code"}}` everywhere, except on Anthropic's routes
+(/v1/messages…), where an error is `{"type": "error", "error": {"type", "message"}}` with
+Anthropic's status for its type. The shape is chosen from the request's path, so an error
+raised anywhere (a route, the service, the edge, a validation error, an unknown route) comes out
+in the shape its client reads."""
 from __future__ import annotations
 
 import json
@@ -30,6 +35,17 @@ class ErrorResponse(BaseModel):
     error: ErrorDetail
 
 
+class AnthropicErrorDetail(BaseModel):
+    type: str
+    message: str
+
+
+class AnthropicErrorResponse(BaseModel):
+    """An error on Anthropic's routes, in its shape (its schema in the OpenAPI document)."""
+    type: str = "error"
+    error: AnthropicErrorDetail
+
+
 class APIError(Exception):
     def __init__(self, status: int, message: str, code: str | None = None,
                  param: str | None = None, headers: dict | None = None):
@@ -54,8 +70,37 @@ def error_body(status: int, message: str, code: str | None = None,
                       "param": None if param is None else printable(param), "code": code}}
 
 
+def is_anthropic(path: str) -> bool:
+    """Whether a path is one of Anthropic's routes (errors in its shape)."""
+    return path == "/v1/messages" or path.startswith("/v1/messages/")
+
+
+# our status -> Anthropic's status and error type. A server that cannot take work now (draining:
+# our 503) answers 529 overloaded_error, Anthropic's status for an API that is temporarily
+# overloaded; the limit on requests in flight stays a 429 rate_limit_error (with Retry-After).
+_ANTHROPIC = {400: (400, "invalid_request_error"), 401: (401, "authentication_error"),
+              403: (403, "permission_error"), 404: (404, "not_found_error"),
+              413: (413, "request_too_large"), 429: (429, "rate_limit_error"),
+              500: (500, "api_error"), 503: (529, "overloaded_error")}
+
+
+def anthropic_error(status: int, message: str, param: str | None = None) -> tuple[int, dict]:
+    """Anthropic's status and body for one of our errors. Another 4xx is an
+    invalid_request_error with its own status (as Anthropic uses it); another 5xx an api_error.
+    The field at fault is named in the message (Anthropic's shape has no `param`)."""
+    status, kind = _ANTHROPIC.get(status) or (
+        (status, "invalid_request_error") if status < 500 else (status, "api_error"))
+    message = printable(message)
+    if param and param not in message:
+        message = f"{printable(param)}: {message}"
+    return status, {"type": "error", "error": {"type": kind, "message": message}}
+
+
 def error_response(status: int, message: str, code: str | None = None, param: str | None = None,
-                   headers: dict | None = None) -> JSONResponse:
+                   headers: dict | None = None, path: str = "") -> JSONResponse:
+    if is_anthropic(path):
+        status, body = anthropic_error(status, message, param)
+        return JSONResponse(body, status_code=status, headers=headers)
     return JSONResponse(error_body(status, message, code, param), status_code=status,
                         headers=headers)
 
@@ -97,26 +142,30 @@ _UNPARSABLE = "There was an error parsing the body"
 def install(app: FastAPI) -> None:
     @app.exception_handler(APIError)
     async def _api_error(request: Request, exc: APIError):
-        return error_response(exc.status, exc.message, exc.code, exc.param, exc.headers)
+        return error_response(exc.status, exc.message, exc.code, exc.param, exc.headers,
+                              request.url.path)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError):
         message, param, code = _describe(exc)
-        return error_response(400, message, code, param)
+        return error_response(400, message, code, param, path=request.url.path)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException):
         if exc.status_code == 400 and exc.detail == _UNPARSABLE:
             return error_response(400, "request body is not valid JSON (UTF-8 text, nested "
-                                  "within the parser's depth limit)", "invalid_json")
+                                  "within the parser's depth limit)", "invalid_json",
+                                  path=request.url.path)
         return error_response(exc.status_code, str(exc.detail), None, None,
-                              getattr(exc, "headers", None))
+                              getattr(exc, "headers", None), request.url.path)
 
     @app.exception_handler(json.JSONDecodeError)
     async def _json(request: Request, exc: json.JSONDecodeError):
-        return error_response(400, "request body is not valid JSON", "invalid_json")
+        return error_response(400, "request body is not valid JSON", "invalid_json",
+                              path=request.url.path)
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception):
         log.exception("unhandled error on %s", request.url.path)
-        return error_response(500, f"internal error: {type(exc).__name__}", "internal_error")
+        return error_response(500, f"internal error: {type(exc).__name__}", "internal_error",
+                              path=request.url.path)

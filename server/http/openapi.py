@@ -1,13 +1,13 @@
-"""The OpenAPI schema says what the server really does: errors are OpenAI-shaped 400s (never
-FastAPI's 422), streamed answers are text/event-stream, and the bearer scheme is declared where
-a key is required."""
+"""The OpenAPI schema says what the server really does: errors are 400s in the shape of the
+route's API (never FastAPI's 422), streamed answers are text/event-stream, and the key schemes
+(bearer, x-api-key) are declared where a key is required."""
 from __future__ import annotations
 
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
 from server.http.edge import OBSERVABILITY, is_api
-from server.http.errors import ErrorResponse
+from server.http.errors import AnthropicErrorResponse, ErrorResponse
 
 SSE = {"text/event-stream": {"schema": {"type": "string", "description": "Server-sent events"}}}
 ERRORS = {
@@ -22,6 +22,13 @@ ERRORS = {
 }
 ERROR_RESPONSES = {status: {"model": ErrorResponse, "description": text}
                    for status, text in ERRORS.items()}
+ANTHROPIC_ERRORS = {**{(529 if s == 503 else s): text for s, text in ERRORS.items()},
+                    500: "The engine failed (api_error)"}
+ANTHROPIC_ERROR_RESPONSES = {status: {"model": AnthropicErrorResponse, "description": text}
+                             for status, text in ANTHROPIC_ERRORS.items()}
+MESSAGES_STREAMED = {200: {"description": "A message, or with `stream: true` an SSE stream of "
+                                          "Anthropic's events (`message_start` … `message_stop`, "
+                                          "or a final `error`)", "content": SSE}}
 STREAMED = {200: {"description": "JSON, or with `stream: true` an SSE stream of `data: {chunk}` "
                        "lines ending with `data: [DONE]`", "content": SSE}}
 RESPONSES_STREAMED = {200: {"description": "A response object, or with `stream: true` an SSE "
@@ -51,13 +58,14 @@ def _schema(app: FastAPI) -> dict:
             if not key or not (is_api(path) or (protect and path in OBSERVABILITY)):
                 op.pop("security", None)
             elif "security" not in op:
-                op["security"] = [{"HTTPBearer": []}]
+                op["security"] = [{"HTTPBearer": []}, {"APIKeyHeader": []}]
     components = schema.setdefault("components", {})
     for name in ("HTTPValidationError", "ValidationError"):
         components.get("schemas", {}).pop(name, None)
     if not key:
         components.pop("securitySchemes", None)
     else:
-        components.setdefault("securitySchemes", {})["HTTPBearer"] = {"type": "http",
-                                                                      "scheme": "bearer"}
+        schemes = components.setdefault("securitySchemes", {})
+        schemes["HTTPBearer"] = {"type": "http", "scheme": "bearer"}
+        schemes["APIKeyHeader"] = {"type": "apiKey", "in": "header", "name": "x-api-key"}
     return schema

@@ -1,6 +1,11 @@
 """OpenAI response shaping: one place that turns engine events into chat/completion bodies and
 SSE chunks (choices, deltas, finish reasons, usage). A new response field touches only this file.
-Choices are indexed prompt_i * n + j (n choices per prompt, as OpenAI numbers them)."""
+Choices are indexed prompt_i * n + j (n choices per prompt, as OpenAI numbers them).
+
+With tools, or a model that thinks, a chat answer is told apart as it streams
+(server/chat/answer.py): text goes out as `content` deltas at once, except what may start a call;
+each call goes out as tool-call deltas when it is complete; reasoning as `reasoning_content`
+deltas (and `message.reasoning_content` when not streamed)."""
 from __future__ import annotations
 
 import json
@@ -11,8 +16,9 @@ from typing import Literal, Protocol
 from engine import Request
 from engine.logprobs import TokenLogprob
 from scheduler import FinishReason
+from server.chat.answer import AnswerStream, Reasoning, Thinking, split_answer
+from server.chat.tools import ToolCall
 from server.http.sse import json_data, message
-from server.openai.tools import parse_tool_calls
 
 Kind = Literal["chat", "completion"]
 
@@ -69,11 +75,20 @@ class OpenAIFormat:
     n: int = 1                         # choices per prompt
     num_choices: int = 1               # n times the number of prompts
     continuous_usage: bool = False     # stream_options.continuous_usage_stats: usage per chunk
+    thinking: Thinking | None = None   # chat: where a thinking model's answer starts
     usage_now: Callable[[], dict] | None = field(default=None, repr=False)   # set by the stream
     # streamed completions: per choice, the text offset its next token's logprobs start at
     _offsets: dict[int, int] = field(default_factory=dict, repr=False)
     _frames: dict[tuple[int, bool], tuple[bytes, bytes, bytes]] = field(default_factory=dict,
                                                                         repr=False)
+    # streamed chat answers told apart (tools, thinking): per choice its stream and calls so far
+    _answers: dict[int, AnswerStream] = field(default_factory=dict, repr=False)
+    _calls: dict[int, int] = field(default_factory=dict, repr=False)
+
+    @property
+    def splits(self) -> bool:
+        """Whether a chat answer is told apart into reasoning, text and calls."""
+        return self.chat and (self.tools or self.thinking is not None)
 
     def echo_of(self, index: int) -> str:
         """The text put before choice `index` (completions echo: its prompt)."""
@@ -110,13 +125,16 @@ class OpenAIFormat:
         return choice
 
     def _message(self, text: str, finish: FinishReason) -> tuple[dict, str | None]:
-        calls = []
-        if self.tools:
-            text, calls = parse_tool_calls(text)
-        if not calls:
+        if not self.splits:
             return {"role": "assistant", "content": text}, openai_finish(finish)
-        return ({"role": "assistant", "content": text or None,
-                 "tool_calls": [c.openai() for c in calls]}, calls_finish(calls, finish))
+        answer = split_answer(text, self.tools, self.thinking)
+        message = {"role": "assistant", "content": answer.text or None if answer.calls
+                   else answer.text}
+        if self.thinking is not None:
+            message["reasoning_content"] = answer.reasoning or None
+        if answer.calls:
+            message["tool_calls"] = [c.openai() for c in answer.calls]
+        return message, calls_finish(answer.calls, finish)
 
     def _logprobs(self, items: list[TokenLogprob] | None, offset: int = 0,
                   prompt: list[TokenLogprob] | None = None) -> dict | None:
@@ -179,20 +197,52 @@ class OpenAIFormat:
     def finish_chunk(self, finish: FinishReason, index: int = 0) -> bytes:
         return self._chunk({} if self.chat else "", openai_finish(finish), index=index)
 
-    def closing_chunks(self, held: str, finish: FinishReason, index: int = 0) -> list[bytes]:
-        """The text held back (with tools), the calls as deltas, then the finish chunk: per call
-        one delta with its index, id and name, then one with its arguments."""
-        if not self.tools:
+    def piece_chunks(self, text: str, index: int = 0,
+                     logprobs: list[TokenLogprob] | None = None) -> list[bytes]:
+        """A told-apart answer's new text (`splits`): what of it can go out now, as content,
+        reasoning_content and tool-call deltas (the token logprobs with the first chunk)."""
+        return self._pieces(self._answer(index).push(text), index, logprobs)
+
+    def closing_chunks(self, text: str, finish: FinishReason, index: int = 0,
+                       logprobs: list[TokenLogprob] | None = None) -> list[bytes]:
+        """A choice's last text and its end: what a told-apart answer still held (the calls as
+        deltas: per call one with its index, id and name, then one with its arguments), then
+        the finish chunk."""
+        if not self.splits:
             return [self.finish_chunk(finish, index)]
-        text, calls = parse_tool_calls(held)
-        chunks = [self.text_chunk(text, index=index)] if text else []
-        for i, call in enumerate(calls):
-            head = call.openai(i)
-            head["function"] = {"name": call.name, "arguments": ""}
-            chunks.append(self._chunk({"tool_calls": [head]}, None, index=index))
-            chunks.append(self._chunk({"tool_calls": [
-                {"index": i, "function": {"arguments": call.arguments}}]}, None, index=index))
+        stream = self._answer(index)
+        chunks = self._pieces(stream.push(text) + stream.end(), index, logprobs)
+        calls = self._calls.pop(index, 0)
+        self._answers.pop(index, None)
         return chunks + [self._chunk({}, calls_finish(calls, finish), index=index)]
+
+    def _answer(self, index: int) -> AnswerStream:
+        stream = self._answers.get(index)
+        if stream is None:
+            stream = self._answers[index] = AnswerStream(self.tools, self.thinking)
+        return stream
+
+    def _pieces(self, pieces: list, index: int, logprobs: list[TokenLogprob] | None) -> list[bytes]:
+        chunks = []
+        lps = chat_logprobs(logprobs) if logprobs else None
+        for piece in pieces:
+            if isinstance(piece, ToolCall):
+                i = self._calls.get(index, 0)
+                self._calls[index] = i + 1
+                head = piece.openai(i)
+                head["function"] = {"name": piece.name, "arguments": ""}
+                chunks.append(self._chunk({"tool_calls": [head]}, None, index=index))
+                chunks.append(self._chunk({"tool_calls": [
+                    {"index": i, "function": {"arguments": piece.arguments}}]}, None, index=index))
+            elif isinstance(piece, Reasoning):
+                chunks.append(self._chunk({"reasoning_content": str(piece)}, None, lps, index))
+                lps = None
+            else:
+                chunks.append(self._chunk({"content": piece}, None, lps, index))
+                lps = None
+        if lps is not None:   # this token's text is held back: its logprobs go out now
+            chunks.append(self._chunk({"content": ""}, None, lps, index))
+        return chunks
 
     def usage_chunk(self, usage: dict) -> bytes:
         return sse({"id": self.id, "object": self.chunk_object, "created": self.created,

@@ -28,12 +28,14 @@ from pydantic import ConfigDict, Field
 
 from engine import Request
 from scheduler import FinishReason
+from server.chat.answer import AnswerStream, Reasoning, Thinking, split_answer
+from server.chat.tools import ToolCall, ToolUse
 from server.http.errors import APIError
 from server.http.sse import json_data, message
 from server.openai.fields import check_keys, check_stream_options
 from server.openai.schemas import INT32_MAX, Bool, Int, SamplingFields
 from server.openai.structured import text_format_grammar
-from server.openai.tools import ToolCall, ToolUse, parse_tool_calls, parse_tools
+from server.openai.tools import parse_tools
 
 _TEXT_PARTS = {"input_text", "output_text", "text"}
 _CHAT_ONLY = ("response_format", "json_schema", "grammar")
@@ -184,16 +186,37 @@ def _call_output(item: dict, i: int) -> dict:
             "content": _text(item.get("output"), f"{where}.output", {"input_text", "text"})}
 
 
+def _reasoning(item: dict, i: int) -> str:
+    """A reasoning item's text (its reasoning_text parts, else its summary)."""
+    parts = item.get("content") or item.get("summary") or []
+    if not isinstance(parts, list) or not all(
+            isinstance(p, dict) and isinstance(p.get("text"), str) for p in parts):
+        raise APIError(400, f"input[{i}]: a reasoning item's content and summary are lists of "
+                       "text parts", "invalid_value", f"input[{i}]")
+    return "\n\n".join(p["text"] for p in parts)
+
+
 def to_messages(body: ResponsesRequest) -> list[dict]:
     """Chat messages from `instructions` and `input` (developer messages become system ones;
-    function calls and their outputs become assistant `tool_calls` and `tool` messages)."""
+    function calls and their outputs become assistant `tool_calls` and `tool` messages; a
+    reasoning item, the `reasoning_content` of the assistant turn it starts, which thinking
+    templates read)."""
     messages = [{"role": "system", "content": body.instructions}] if body.instructions else []
     if isinstance(body.input, str):
         return messages + [{"role": "user", "content": body.input}]
     for i, item in enumerate(body.input):
         kind = item.get("type", "message")
         if kind == "message":
-            messages.append(_message(item, i))
+            message = _message(item, i)
+            last = messages[-1] if messages else None
+            if (message["role"] == "assistant" and last is not None and "reasoning_content" in last
+                    and not last["content"] and "tool_calls" not in last):
+                last["content"] = message["content"]   # the answer after its reasoning
+            else:
+                messages.append(message)
+        elif kind == "reasoning":
+            messages.append({"role": "assistant", "content": "",
+                             "reasoning_content": _reasoning(item, i)})
         elif kind == "function_call":
             _add_call(messages, item, i)
         elif kind == "function_call_output":
@@ -226,14 +249,32 @@ def call_item(call: ToolCall, done: bool = True) -> dict:
             "status": "completed" if done else "in_progress"}
 
 
-def output_items(text: str, use: ToolUse, message_id: str) -> list[dict]:
-    """The output items of a finished answer: its text as a message (unless it is only calls),
-    then one function_call item per call (calls are parsed only when tools are active)."""
-    calls: list[ToolCall] = []
-    if use.active:
-        text, calls = parse_tool_calls(text)
-    items = [message_item(message_id, text)] if text or not calls else []
-    return items + [call_item(c) for c in calls]
+def reasoning_item(item_id: str, text: str | None) -> dict:
+    """A reasoning item (a thinking model's reasoning), in progress while `text` is None."""
+    done = text is not None
+    return {"type": "reasoning", "id": item_id, "summary": [],
+            "content": [reasoning_part(text)] if done else [],
+            "status": "completed" if done else "in_progress"}
+
+
+def reasoning_part(text: str) -> dict:
+    return {"type": "reasoning_text", "text": text}
+
+
+def new_id(prefix: str) -> str:
+    return prefix + uuid.uuid4().hex
+
+
+def output_items(text: str, use: ToolUse, message_id: str,
+                 thinking: Thinking | None = None) -> list[dict]:
+    """The output items of a finished answer: its reasoning (a thinking model's), its text as a
+    message (unless it is only calls), then one function_call item per call (calls are parsed
+    only when tools are active)."""
+    answer = split_answer(text, use.active, thinking)
+    items = [reasoning_item(new_id("rs_"), answer.reasoning)] if answer.reasoning else []
+    if answer.text or not answer.calls:
+        items.append(message_item(message_id, answer.text))
+    return items + [call_item(c) for c in answer.calls]
 
 
 def echo_format(fmt: Any) -> dict:
@@ -262,10 +303,101 @@ class ResponseState:
     finish: FinishReason | None = None
     output: list[dict] | None = None   # the output items, once the answer is finished
     seq: int = 0
+    thinking: Thinking | None = None   # where a thinking model's answer starts
+    # streamed: the items sent so far (the last one maybe still open) and the answer told apart
+    items: list[dict] = field(default_factory=list)
+    open: dict | None = None
+    answer: AnswerStream | None = None
 
     def finish_output(self) -> list[dict]:
-        self.output = output_items(self.text, self.use, self.item_id)
+        self.output = output_items(self.text, self.use, self.item_id, self.thinking)
         return self.output
+
+    # ---- a streamed answer, item by item as its pieces come --------------------------------
+    def pieces_events(self, text: str) -> Iterator[bytes]:
+        """New text of a streamed answer: what of it can go out now, as item events (text as
+        output_text deltas at once, except what may start a call; a call as its item once it
+        is complete; reasoning as reasoning_text deltas)."""
+        if self.answer is None:
+            self.answer = AnswerStream(self.use.active, self.thinking)
+        self.text += text
+        yield from self._pieces(self.answer.push(text))
+
+    def end_events(self) -> Iterator[bytes]:
+        """The streamed answer's end: what was held, the last item closed; an answer that made
+        no item gets an empty message. The response's output is the items as they were sent."""
+        if self.answer is not None:
+            yield from self._pieces(self.answer.end())
+        yield from self._close()
+        if not self.items:
+            yield from self._open_message()
+            yield from self._close()
+        self.output = [self._final(item) for item in self.items]
+
+    def _pieces(self, pieces: list) -> Iterator[bytes]:
+        for piece in pieces:
+            if isinstance(piece, ToolCall):
+                yield from self._close()
+                item = call_item(piece)
+                self.items.append(item)
+                yield from self.call_events(len(self.items) - 1, item)
+            elif isinstance(piece, Reasoning):
+                if self.open is None or self.open["type"] != "reasoning":
+                    yield from self._close()
+                    yield from self._open_reasoning()
+                self.open["text"] += piece
+                yield self.event("response.reasoning_text.delta", **self._at(), delta=str(piece))
+            else:
+                if self.open is None or self.open["type"] != "message":
+                    yield from self._close()
+                    yield from self._open_message()
+                self.open["text"] += piece
+                yield self.event("response.output_text.delta", **self._at(), delta=piece,
+                                 logprobs=[])
+
+    def _open_message(self) -> Iterator[bytes]:
+        item_id = self.item_id if not any(i["type"] == "message" for i in self.items) \
+            else new_id("msg_")
+        self.open = {"type": "message", "id": item_id, "text": ""}
+        self.items.append(self.open)
+        index = len(self.items) - 1
+        yield self.event("response.output_item.added", output_index=index,
+                         item=message_item(item_id, None))
+        yield self.event("response.content_part.added", **self._at(), part=text_part(""))
+
+    def _open_reasoning(self) -> Iterator[bytes]:
+        self.open = {"type": "reasoning", "id": new_id("rs_"), "text": ""}
+        self.items.append(self.open)
+        yield self.event("response.output_item.added", output_index=len(self.items) - 1,
+                         item=reasoning_item(self.open["id"], None))
+        yield self.event("response.content_part.added", **self._at(), part=reasoning_part(""))
+
+    def _close(self) -> Iterator[bytes]:
+        if self.open is None:
+            return
+        open_, index = self.open, len(self.items) - 1
+        where, text = self._at(), open_["text"]
+        self.open = None
+        if open_["type"] == "message":
+            yield self.event("response.output_text.done", **where, text=text, logprobs=[])
+            yield self.event("response.content_part.done", **where, part=text_part(text))
+        else:
+            yield self.event("response.reasoning_text.done", **where, text=text)
+            yield self.event("response.content_part.done", **where, part=reasoning_part(text))
+        yield self.event("response.output_item.done", output_index=index,
+                         item=self._final(open_))
+
+    @staticmethod
+    def _final(item: dict) -> dict:
+        if item["type"] == "message":
+            return message_item(item["id"], item["text"])
+        if item["type"] == "reasoning":
+            return reasoning_item(item["id"], item["text"])
+        return item
+
+    def _at(self) -> dict:
+        return {"item_id": self.open["id"], "output_index": len(self.items) - 1,
+                "content_index": 0}
 
     def status(self) -> str:
         if self.finish is None:

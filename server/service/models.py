@@ -43,7 +43,7 @@ class LoadedModel:
 
     @property
     def tool_format(self) -> str | None:
-        """How tools reach the prompt (server/openai/tools.py): "template" when the chat template
+        """How tools reach the prompt (server/chat/tools.py): "template" when the chat template
         renders them itself, "fallback" when they are described in the system message."""
         if self.template is None:
             return None
@@ -77,8 +77,10 @@ def load_models(settings: Settings, observer: Observer | None) -> dict[str, Load
                           budget=budget)
                    for i in range(spec.contexts)]
         template = None
-        if model.chat_template:
-            template = ChatTemplate(model.chat_template, model.token_text(model.bos_id),
+        source = (spec.chat_template.read_text() if spec.chat_template is not None
+                  else model.chat_template)   # the models file's chat_template wins
+        if source:
+            template = ChatTemplate(source, model.token_text(model.bos_id),
                                     model.token_text(model.eos_id))
         embedder = Embedder(model, spec.engine.n_ctx, spec.engine.n_threads)
         lm = LoadedModel(spec, model, workers, gguf_facts(spec.path), template, embedder, bound)
@@ -91,8 +93,10 @@ def load_models(settings: Settings, observer: Observer | None) -> dict[str, Load
                  spec.engine.n_threads, spec.engine.n_ctx, spec.engine.max_seqs,
                  "unified" if spec.engine.kv_unified else "split", spec.engine.kv_type,
                  "flash" if workers[0].config.flash_attn else "plain")
-        log.info("%s: tool_format %s", spec.name,   # server/openai/tools.py
-                 lm.tool_format or "none (no chat template)")
+        log.info("%s: tool_format %s%s%s", spec.name,   # server/chat/tools.py
+                 lm.tool_format or "none (no chat template)",
+                 ", thinks" if template is not None and template.thinks else "",
+                 f", chat template from {spec.chat_template}" if spec.chat_template else "")
     return models
 
 

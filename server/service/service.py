@@ -25,10 +25,10 @@ from engine import (
 )
 from engine.logprobs import TokenLogprob
 from scheduler import FinishReason
+from server.chat.tools import ToolUse, prompt_input
 from server.config import Settings
 from server.http.errors import APIError
 from server.openai.schemas import SamplingFields
-from server.openai.tools import ToolUse, prompt_input
 from server.service.models import LoadedModel, close_models, load_models
 from server.service.prompts import PromptPool
 from server.service.routing import pick_replica
@@ -75,6 +75,18 @@ class Collected:
     logprobs: list[TokenLogprob]
     index: int = 0
     prompt_logprobs: list[TokenLogprob] | None = None
+
+
+class ChatPrompt(list):
+    """A chat prompt's token ids (a list), and whether its text ends inside a reasoning block
+    the chat template opened (`<think>` at the end of the generation prompt): the answer then
+    starts with reasoning (server/chat/answer.py)."""
+    opens_thinking: bool = False
+
+
+# What a thinking template writes for "no reasoning" (as Qwen3's does with enable_thinking off):
+# an empty block, after which the model answers at once.
+EMPTY_THINKING = "<think>\n\n</think>\n\n"
 
 
 RANDOM_SEED = -1   # llama-server's "random": a fresh draw, as if no seed were given
@@ -137,9 +149,11 @@ class Service:
     async def chat_prompt(self, lm: LoadedModel, messages: list[dict], max_tokens: int | None,
                           http: HTTPRequest, add_generation_prompt: bool = True,
                           continue_final_message: bool = False,
-                          use: ToolUse | None = None, param: str = "messages") -> list[int]:
+                          use: ToolUse | None = None, param: str = "messages",
+                          no_thinking: bool = False) -> ChatPrompt:
         """`use`: the request's tools, rendered as the model's tool_format says; `param`: the
-        request field a too-long prompt is blamed on."""
+        request field a too-long prompt is blamed on; `no_thinking`: a thinking model's answer
+        starts after an empty reasoning block."""
         if lm.template is None:
             raise APIError(400, f"The model '{lm.name}' has no chat template in its GGUF file; "
                            "use /v1/completions with a plain prompt", "no_chat_template")
@@ -150,7 +164,8 @@ class Service:
             raise _too_long(lm.max_seq_len, len(messages), max_tokens, param)
         cost = _text_size([messages, tools]) + 32 * len(messages)
         return await self.prepare(lm, cost, http, lambda: self._render_and_tokenize(
-            lm, messages, max_tokens, add_generation_prompt, continue_final_message, tools, param))
+            lm, messages, max_tokens, add_generation_prompt, continue_final_message, tools, param,
+            no_thinking))
 
     async def text_prompt(self, lm: LoadedModel, text: str, max_tokens: int | None,
                           http: HTTPRequest) -> list[int]:
@@ -159,16 +174,23 @@ class Service:
 
     def _render_and_tokenize(self, lm: LoadedModel, messages: list[dict], max_tokens: int | None,
                              add_generation_prompt: bool, continue_final_message: bool,
-                             tools: list[dict] | None = None, param: str = "messages") -> list[int]:
+                             tools: list[dict] | None = None, param: str = "messages",
+                             no_thinking: bool = False) -> ChatPrompt:
         """On a prompt-pool thread."""
         try:
             text = lm.template.render(messages, add_generation_prompt, continue_final_message,
                                       tools)
         except ChatTemplateError as exc:
             raise APIError(400, str(exc), "chat_template_error", "messages") from exc
+        opens = lm.template.thinks and text.rstrip().endswith("<think>")
+        if no_thinking and lm.template.thinks and add_generation_prompt:
+            text = text.rstrip() + "\n\n</think>\n\n" if opens else text + EMPTY_THINKING
+            opens = False
         self._check_bound(lm, text, max_tokens, param)
         add_special = not (lm.template.bos_token and text.startswith(lm.template.bos_token))
-        return lm.model.tokenize(text, add_special)
+        prompt = ChatPrompt(lm.model.tokenize(text, add_special))
+        prompt.opens_thinking = opens
+        return prompt
 
     def _check_bound(self, lm: LoadedModel, text: str, max_tokens: int | None, param: str) -> None:
         """Reject, without tokenizing, a text that has more tokens than can fit."""

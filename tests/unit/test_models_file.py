@@ -20,3 +20,24 @@ def test_valid_defaults_are_kept_and_null_means_none():
 def test_a_bad_default_stops_the_server_at_start_up(raw, match):
     with pytest.raises(ValueError, match=match):
         sampling_defaults(raw, "d")
+
+
+# ---- chat_template: a Jinja file instead of the GGUF's template ----------------------------------
+def models_file(tmp_path, entry: str):
+    from engine import EngineConfig
+    from server.config import _models_from_file
+
+    path = tmp_path / "models.yaml"
+    path.write_text("models:\n  - name: m\n    path: m.gguf\n" + entry)
+    return _models_from_file(path, EngineConfig())
+
+
+def test_a_chat_template_path_is_read_from_the_models_files_folder(tmp_path):
+    (tmp_path / "t.jinja").write_text("{{ messages }}")
+    (spec,) = models_file(tmp_path, "    chat_template: t.jinja\n")
+    assert spec.chat_template == tmp_path / "t.jinja"
+
+
+def test_a_missing_chat_template_file_stops_the_server_naming_it(tmp_path):
+    with pytest.raises(ValueError, match=r"models\[0\]\.chat_template: no file .*nope\.jinja"):
+        models_file(tmp_path, "    chat_template: nope.jinja\n")

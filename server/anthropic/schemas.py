@@ -1,0 +1,98 @@
+"""The bodies of POST /v1/messages and /v1/messages/count_tokens, and which of their fields we
+serve, ignore on purpose, or refuse (the server never fails open, as on the OpenAI routes:
+server/openai/fields.py).
+
+Numbers and booleans are strict and every string must be valid Unicode (`Body`). The content
+blocks of `messages` and `system`, `tools`, `tool_choice` and `thinking` are checked where they
+are converted (convert.py), each error naming the field (`messages.1.content.0.type`).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import ConfigDict, Field
+
+from server.http.errors import APIError
+from server.openai.schemas import INT32_MAX, INT64_MAX, Body, Bool, Float, Int
+
+# Accepted and ignored: they label or route a request, or mark what to cache (our prefix cache
+# takes every prompt by itself), and never change its tokens.
+HARMLESS = frozenset({"metadata", "cache_control", "service_tier", "inference_geo",
+                      "user_profile_id", "workspace_id"})
+
+# Anthropic's fields we know and do not implement: any value that asks for something is a 400.
+UNSUPPORTED = {
+    "container": "no code-execution containers run here",
+    "mcp_servers": "this server does not connect to MCP servers; give their tools in 'tools'",
+    "context_management": "the history is used as it is sent; nothing is cleared or compacted",
+    "diagnostics": "no prompt-cache diagnostics are produced here",
+    "output_config": "structured output is not part of this API here (use the OpenAI routes' "
+                     "response_format), and the effort cannot be set",
+    "output_format": "structured output is not part of this API here (use the OpenAI routes' "
+                     "response_format)",
+}
+
+_UNKNOWN = ("is not a field this server knows; it is refused rather than ignored, because "
+            "ignoring it could silently change the answer")
+
+
+class MessagesFields(Body):
+    # unknown fields are kept (model_extra) so that check_fields can refuse them by name
+    model_config = ConfigDict(extra="allow")
+
+    model: str
+    messages: list[Any] = Field(..., min_length=1)
+    system: str | list[Any] | None = None
+    tools: list[Any] | None = None
+    tool_choice: dict[str, Any] | None = None
+    thinking: dict[str, Any] | None = None
+    speed: str | None = None
+
+
+class MessagesRequest(MessagesFields):
+    """POST /v1/messages. Besides Anthropic's fields, a few of this server's own (as on the
+    OpenAI routes): `ignore_eos`, `seed`, `priority`, `timeout`, `min_p`."""
+    max_tokens: Int = Field(..., ge=0, le=INT32_MAX)
+    stop_sequences: list[str] | None = None
+    temperature: Float | None = Field(None, ge=0.0, le=1.0)
+    top_p: Float | None = Field(None, gt=0.0, le=1.0)
+    top_k: Int | None = Field(None, ge=0, le=INT32_MAX)
+    stream: Bool = False
+    metadata: dict[str, Any] | None = None
+    # this server's extensions
+    ignore_eos: Bool = False
+    seed: Int | None = None
+    priority: Int = Field(0, ge=-INT64_MAX, le=INT64_MAX)
+    timeout: Float | None = Field(None, gt=0.0)
+    min_p: Float | None = Field(None, ge=0.0, le=1.0)
+
+
+class CountTokensRequest(MessagesFields):
+    """POST /v1/messages/count_tokens: what makes the prompt, no sampling."""
+
+
+def check_fields(body: MessagesFields) -> None:
+    """A 400 for the first extra field that asks for something we do not do."""
+    for name, value in (body.model_extra or {}).items():
+        if name in HARMLESS or _asks_nothing(value):
+            continue
+        if name in UNSUPPORTED:
+            raise unsupported(name, UNSUPPORTED[name])
+        raise unsupported(name, _UNKNOWN)
+    if body.speed not in (None, "standard"):
+        raise unsupported("speed", "one speed here: 'standard'")
+
+
+def _asks_nothing(value: Any) -> bool:
+    """null, an empty list or object, or an object of nulls: the same as leaving it out."""
+    return value in (None, [], {}) or (isinstance(value, dict)
+                                       and all(v is None for v in value.values()))
+
+
+def unsupported(field: str, why: str) -> APIError:
+    return APIError(400, f"'{field}' {why}" if why == _UNKNOWN else
+                    f"'{field}' is not supported: {why}", "unsupported_parameter", field)
+
+
+def invalid(field: str, why: str) -> APIError:
+    return APIError(400, f"{field}: {why}", "invalid_value", field)

@@ -1,0 +1,144 @@
+"""Anthropic's Messages API: POST /v1/messages and POST /v1/messages/count_tokens. The body
+becomes chat messages and a ToolUse (server/anthropic/convert.py), then goes the way a chat
+completion goes (service.chat_prompt, service.generate); the answer is shaped as Anthropic's
+message or stream events (server/anthropic/format.py). Errors on these routes come in
+Anthropic's shape (server/http/errors.py)."""
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+
+from fastapi import APIRouter
+from fastapi import Request as HTTPRequest
+
+from engine import Request
+from scheduler import FinishReason
+from server.anthropic.convert import sampling, thinking_of, to_chat, tools_of
+from server.anthropic.format import MessageShape, error_event, ping, stop_reason, usage
+from server.anthropic.schemas import CountTokensRequest, MessagesRequest, check_fields, unsupported
+from server.chat.answer import AnswerStream, constrain_after_thinking, thinking_mode
+from server.http.openapi import ANTHROPIC_ERROR_RESPONSES, MESSAGES_STREAMED
+from server.http.sse import EventStream
+from server.service.models import LoadedModel
+from server.service.service import Generation, Service, error_status
+
+router = APIRouter(prefix="/v1", responses=ANTHROPIC_ERROR_RESPONSES)
+
+PING_S = 1.0          # a ping this often while the prompt computes
+ADMISSION_POLL_S = 0.02
+
+
+def _thinks(lm: LoadedModel) -> bool:
+    return lm.template is not None and lm.template.thinks
+
+
+@router.post("/messages", responses=MESSAGES_STREAMED)
+async def create_message(body: MessagesRequest, http: HTTPRequest):
+    check_fields(body)
+    svc: Service = http.app.state.service
+    lm = svc.get(body.model)
+    if body.max_tokens == 0:
+        raise unsupported("max_tokens", "0 (filling the cache without an answer) is not served "
+                          "here: our prefix cache keeps every prompt it computes anyway")
+    messages, prefill = to_chat(body)
+    tools = tools_of(body)
+    ask = thinking_of(body, lm.name, _thinks(lm), body.max_tokens)
+    fields = sampling(body)
+    prompt = await svc.chat_prompt(lm, messages, body.max_tokens, http, not prefill, prefill,
+                                   tools.use, no_thinking=ask.off)
+    mode = None if prefill or ask.off else thinking_mode(_thinks(lm), prompt.opens_thinking)
+    grammar = constrain_after_thinking(tools.use.grammar(), mode)
+    gen = svc.generate(lm, [prompt], fields, body.max_tokens, http, grammar)
+    answer = AnswerStream(tools.use.active, mode, tools.first_only)
+    shape = MessageShape(lm.name, ask.omit)
+    if body.stream:
+        return EventStream(_stream(svc, gen, shape, answer, body.max_tokens))
+    (choice,) = await svc.collect(gen)
+    shape.add(answer.push(choice.text) + answer.end())
+    shape.close()
+    req = gen.reqs[0]
+    return shape.message(_stop(req, choice.finish_reason, shape, body.max_tokens), _usage(gen))
+
+
+@router.post("/messages/count_tokens")
+async def count_tokens(body: CountTokensRequest, http: HTTPRequest) -> dict:
+    """The prompt /v1/messages would compute for the same system, messages, tools and
+    thinking, tokenized: its exact length."""
+    check_fields(body)
+    svc: Service = http.app.state.service
+    lm = svc.get(body.model)
+    messages, prefill = to_chat(body)
+    tools = tools_of(body)
+    ask = thinking_of(body, lm.name, _thinks(lm))
+    prompt = await svc.chat_prompt(lm, messages, None, http, not prefill, prefill, tools.use,
+                                   no_thinking=ask.off)
+    return {"input_tokens": len(prompt)}
+
+
+def _usage(gen: Generation) -> dict:
+    engine = gen.lm.spec.engine
+    return usage(gen.reqs[0], engine.block_size, engine.prefix_caching)
+
+
+def _stop(req: Request, finish: FinishReason | None, shape: MessageShape,
+          max_tokens: int) -> tuple[str, str | None]:
+    return stop_reason(finish, shape.calls > 0, req.stop_string, req.num_output < max_tokens)
+
+
+def _admitted(req: Request) -> bool:
+    """Whether the engine has opened the request (its cache hit is known)."""
+    seq = req.state.seq
+    return seq is not None and seq.alloc is not None
+
+
+async def _stream(svc: Service, gen: Generation, shape: MessageShape, answer: AnswerStream,
+                  max_tokens: int) -> AsyncIterator[bytes]:
+    """message_start once the engine has opened the request (its cache hit is then known) or
+    after a second in its queue, pings while it waits and its prompt computes, then the blocks
+    as the answer's pieces come."""
+    req = gen.reqs[0]
+    events = svc.stream(gen).__aiter__()
+    pending = asyncio.ensure_future(events.__anext__())
+    started = tokens = False
+    opened = last_ping = time.monotonic()
+    try:
+        while True:
+            wait = ADMISSION_POLL_S if not started else PING_S
+            done, _ = await asyncio.wait({pending}, timeout=wait)
+            if not done:
+                if not started and (_admitted(req) or time.monotonic() - opened >= PING_S):
+                    started, last_ping = True, time.monotonic()
+                    yield shape.start(_usage(gen))
+                elif started and not tokens and time.monotonic() - last_ping >= PING_S:
+                    last_ping = time.monotonic()
+                    yield ping()
+                continue
+            try:
+                event = pending.result()
+            except StopAsyncIteration:
+                return
+            if not started:
+                started = True
+                yield shape.start(_usage(gen))
+            if event.error:   # the stream ends with Anthropic's error event
+                status, _ = error_status(event)
+                yield error_event(status, event.error)
+                return
+            if event.text:
+                tokens = True
+                for chunk in shape.add(answer.push(event.text)):
+                    yield chunk
+            if event.finish_reason:
+                for chunk in shape.add(answer.end()):
+                    yield chunk
+                for chunk in shape.finish(_stop(req, event.finish_reason, shape, max_tokens),
+                                          _usage(gen)):
+                    yield chunk
+            pending = asyncio.ensure_future(events.__anext__())
+    finally:
+        if not pending.done():
+            pending.cancel()      # the service cancels the request and frees its KV
+        else:
+            await events.aclose()
+
