@@ -23,12 +23,15 @@ ROUTER_IMAGE  ?= localhost/pagedllama-router:0.3.2
 setup: $(VENV)/.installed
 	@$(BIN)/python scripts/fetch_models.py
 
-$(VENV)/.installed: requirements.txt requirements-router.txt requirements-dev.txt requirements-instructor.txt
+$(VENV)/.installed: requirements.txt requirements-router.txt requirements-dev.txt requirements-instructor.txt \
+                   scripts/build_llama_cpp_python.sh $(wildcard scripts/patches/*.patch)
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	@echo ">> installing pinned requirements into $(VENV)."
-	@echo ">> The first time, pip builds llama.cpp from source (llama-cpp-python): this takes several minutes on 2 cores."
 	@$(BIN)/python -m pip install --quiet --upgrade pip
-	@CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(BIN)/python -m pip install --quiet -r requirements-dev.txt
+	@echo ">> llama.cpp, with this project's patches (scripts/patches/): the first build takes several minutes on 2 cores, then it is cached."
+	@WHEEL=$$(CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" scripts/build_llama_cpp_python.sh $(BIN)/python | tail -n 1) && \
+	  $(BIN)/python -m pip install --quiet --force-reinstall --no-deps "$$WHEEL"
+	@$(BIN)/python -m pip install --quiet -r requirements-dev.txt
 	@# instructor's declared jiter<0.15 contradicts openai 3.54's jiter>=0.15: see the file
 	@$(BIN)/python -m pip install --quiet --no-deps -r requirements-instructor.txt
 	@touch $@

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from engine.llama import KV_TYPES, Model
+from engine.llama import KV_TYPES, Model, has_row_invariant_attention
 from scheduler import Preemption
 
 # Prompt chunks and step budgets by where a model computes: on a GPU a step costs about the same
@@ -22,6 +22,8 @@ class EngineConfig:
     max_batch_tokens: int | None = None   # tokens per step (decodes first, then prompt
                                       # chunks); None: by device (resolved_for)
     wave_batch_tokens: int = 2048     # a wave of prompts in one step (scheduler doc); 0: off
+    step_target_ms: float = 500.0     # beside decoding streams, prompt tokens fill a step up
+                                      # to this (scheduler doc); 0: one grid cell a prompt
     block_size: int = 8               # KV budget and prefix-cache lookup unit (hits may end
                                       # inside one)
     prefill_chunk: int | None = None  # aligned prompt chunk size (see benchmarks.chunking);
@@ -48,14 +50,18 @@ class EngineConfig:
 
     def resolved_for(self, model: Model) -> EngineConfig:
         """The settings left to the model, chosen for it. With flash_attn None (auto): flash
-        attention, exact on ggml's reference path, unless the model's weights are K-quants,
-        whose tiled matmul that path turns off (a q8_0 cache needs flash attention either
-        way). With prefill_chunk or max_batch_tokens None: DEVICE_DEFAULTS for where the model
-        computes (Model.on_gpu)."""
+        attention on its row-invariant path (engine/llama.py, Attention), which is exact and at
+        least as fast as plain attention on prompts and decoding alike (docs/performance.md).
+        Where this llama.cpp lacks that path, flash attention can only be exact on ggml's
+        reference path, which turns off the tiled matmul of K-quant weights: then plain
+        attention for K-quant models (a q8_0 cache needs flash attention either way). With
+        prefill_chunk or max_batch_tokens None: DEVICE_DEFAULTS for where the model computes
+        (Model.on_gpu)."""
         device = DEVICE_DEFAULTS["gpu" if model.on_gpu else "cpu"]
         flash_attn = self.flash_attn
         if flash_attn is None:
-            flash_attn = self.kv_type != "f16" or not model.has_k_quants
+            flash_attn = (self.kv_type != "f16" or not model.has_k_quants
+                          or has_row_invariant_attention())
         return replace(self, flash_attn=flash_attn,
                        prefill_chunk=self.prefill_chunk or device["prefill_chunk"],
                        max_batch_tokens=self.max_batch_tokens or device["max_batch_tokens"])

@@ -66,6 +66,19 @@ class ThreadLease:
         log.info("engine %s: threads %d -> %d (%s)", self.name, change.previous, change.threads,
                  change.reason)
 
+    def slowed(self, context: Context, factor: float) -> None:
+        """A step took `factor` times its usual time (engine/threads.py, ThreadGovernor.slowed)."""
+        if self.governor is None:
+            return
+        change = self.governor.slowed(factor)
+        if change is None:
+            return
+        if self.budget is None:
+            self._set(context, change.threads)
+        self.changes += 1
+        log.info("engine %s: threads %d -> %d (%s)", self.name, change.previous, change.threads,
+                 change.reason)
+
     def run(self, context: Context, step: Callable[[], T]) -> T:
         """Run a step on the threads the budget grants now (all of this context's when there is
         no budget), and hand them back after it."""

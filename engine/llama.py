@@ -13,6 +13,7 @@ import logging
 import os
 import threading
 from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
 
 import gguf
@@ -78,7 +79,16 @@ def _ggml_cpu() -> ctypes.CDLL:
     lib.ggml_backend_is_cpu.restype = ctypes.c_bool
     lib.ggml_backend_cpu_set_use_ref.argtypes = [ctypes.c_void_p, ctypes.c_bool]
     lib.ggml_backend_cpu_set_use_ref.restype = None
+    if hasattr(lib, "ggml_backend_cpu_set_fa_row_invariant"):   # the build's patch (below)
+        lib.ggml_backend_cpu_set_fa_row_invariant.argtypes = [ctypes.c_void_p, ctypes.c_bool]
+        lib.ggml_backend_cpu_set_fa_row_invariant.restype = None
     return lib
+
+
+def has_row_invariant_attention() -> bool:
+    """Was this llama.cpp built with the row-invariant flash-attention patch
+    (scripts/patches/ggml-cpu-fa-row-invariant.patch, applied by `make setup`)?"""
+    return hasattr(_ggml_cpu(), "ggml_backend_cpu_set_fa_row_invariant")
 
 
 _claimed_backends: set[int] = set()   # the CPU backends of this process's live Contexts
@@ -116,21 +126,40 @@ def cpu_backend_of(ctx_ptr, scan_bytes: int = 8192) -> int | None:
     return None
 
 
-def use_reference_attention(ctx_ptr) -> int | None:
-    """Make a context's CPU backend compute flash attention row by row, whatever the batch
-    (ggml's "reference" path: ggml_backend_cpu_set_use_ref). Without it ggml's CPU kernel over
-    an f16/f32 KV cache splits one lone query row's KV between the threads (one sequence
-    decoding alone past ~256 tokens of context) and computes 64 or more query rows of one
-    sequence in tiles: other numbers than row by row, so answers would depend on what else
-    runs and on the thread count. The flag also turns off ggml's op fusion and its tiled
-    matmul for K-quant weights (Model.has_k_quants): it changes no logit, but makes batches of
-    K-quant models much slower (docs/prefix-cache.md, "Attention kernels"). Returns the
-    backend's address (claimed for this context), None if it was not found."""
+class Attention(StrEnum):
+    """How a context's CPU backend computes flash attention (docs/prefix-cache.md, "Attention
+    kernels"). ggml's default picks a kernel by the batch: a lone query row over 512 or more KV
+    cells has its KV split between the threads, 64 or more rows of one sequence go through a
+    tiled kernel, fewer row by row; each gives other numbers, so answers would depend on what
+    else runs, on the thread count and on how a prompt is cut. Both exact paths compute every
+    query row the same way whatever the batch."""
+    ROW_INVARIANT = "row-invariant"   # the tiled kernel for every batch (the build's patch)
+    REFERENCE = "reference"           # ggml's reference path: row by row (slow prompts)
+    GGML_DEFAULT = "ggml-default"     # by the batch: not exact (tests show why)
+
+
+def use_exact_attention(ctx_ptr) -> tuple[int, Attention] | None:
+    """Put a context's CPU backend on an exact flash-attention path: the row-invariant one
+    where this llama.cpp has the patch, else ggml's reference path, which also turns off op
+    fusion and the tiled matmul for K-quant weights (the same logits, much slower batches for
+    K-quant models). Returns the backend's address (claimed for this context) and the path,
+    or None if the backend was not found."""
     backend = cpu_backend_of(ctx_ptr)
-    if backend is not None:
-        _ggml_cpu().ggml_backend_cpu_set_use_ref(backend, True)
-        _claimed_backends.add(backend)
-    return backend
+    if backend is None:
+        return None
+    _claimed_backends.add(backend)
+    if has_row_invariant_attention():
+        set_attention(backend, Attention.ROW_INVARIANT)
+        return backend, Attention.ROW_INVARIANT
+    set_attention(backend, Attention.REFERENCE)
+    return backend, Attention.REFERENCE
+
+
+def set_attention(backend: int, path: Attention) -> None:
+    lib = _ggml_cpu()
+    lib.ggml_backend_cpu_set_use_ref(backend, path is Attention.REFERENCE)
+    if has_row_invariant_attention():
+        lib.ggml_backend_cpu_set_fa_row_invariant(backend, path is Attention.ROW_INVARIANT)
 
 
 class Model:
@@ -174,7 +203,7 @@ class Model:
     def has_k_quants(self) -> bool:
         """Is this a K-quant or IQ file (Q4_K_M, Q6_K, IQ4_XS, ...; unknown counts as yes)? ggml
         multiplies such weights with its tiled matmul from 8 rows of input, a kernel that the
-        reference path (use_reference_attention) turns off, so batches of such a model are
+        reference path (Attention.REFERENCE) turns off, so batches of such a model are
         much slower with flash attention (docs/prefix-cache.md, "Attention kernels")."""
         if self.file_type is None:
             return True
@@ -261,6 +290,13 @@ _get_logits_ith = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_in
     ctypes.cast(C.llama_cpp._lib.llama_get_logits_ith, ctypes.c_void_p).value or 0)
 
 
+@functools.cache
+def _warn_reference_path() -> None:
+    log.warning("this llama.cpp was built without the row-invariant flash-attention patch: "
+                "flash attention runs on ggml's reference path, exact but slow on long prompts "
+                "(build llama.cpp with `make setup`, or set PAGEDLLAMA_FLASH_ATTN=0)")
+
+
 @dataclass
 class ContextConfig:
     n_ctx: int = 8192
@@ -298,16 +334,20 @@ class Context:
         if not self.ptr:
             raise RuntimeError(f"llama.cpp could not create a context ({config})")
         self.cpu_backend: int | None = None
+        self.attention: Attention | None = None   # the flash-attention path, when it is on
         if config.flash_attn:
             try:
-                self.cpu_backend = use_reference_attention(self.ptr)
-                if self.cpu_backend is None:
+                found = use_exact_attention(self.ptr)
+                if found is None:
                     raise LookupError("not found in the context")
             except Exception as exc:   # also: the library or /proc/self/maps could not be read
                 C.llama_free(self.ptr)
                 raise RuntimeError(f"flash attention: this llama.cpp's CPU backend could not be "
                                    f"put on its exact path ({exc}); turn flash attention off "
                                    "(PAGEDLLAMA_FLASH_ATTN=0)") from exc
+            self.cpu_backend, self.attention = found
+            if self.attention is Attention.REFERENCE:
+                _warn_reference_path()
         self.n_ctx = C.llama_n_ctx(self.ptr)
         self.n_ctx_seq = C.llama_n_ctx_seq(self.ptr)
         self.mem = C.llama_get_memory(self.ptr)
@@ -390,9 +430,14 @@ class Context:
     def drop_saved(self, key: int) -> None:
         self._saved.pop(key, None)
 
-    def use_ggml_default_attention(self) -> None:
-        """Back to ggml's default flash-attention paths (tests: what the reference path is for)."""
-        _ggml_cpu().ggml_backend_cpu_set_use_ref(self.cpu_backend, False)
+    def use_attention(self, path: Attention) -> None:
+        """Another flash-attention path for the next decodes (tests and measurements: what the
+        exact paths are for, and what they cost)."""
+        assert self.cpu_backend is not None, "a context with flash attention"
+        if path is Attention.ROW_INVARIANT and not has_row_invariant_attention():
+            raise RuntimeError("this llama.cpp was built without the row-invariant patch")
+        set_attention(self.cpu_backend, path)
+        self.attention = path
 
     def close(self) -> None:
         if self.ptr:

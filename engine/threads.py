@@ -88,6 +88,19 @@ class ThreadGovernor:
         self._acc_time, self._acc_others = 0.0, 0
         return self._decide(self.target(self.others))
 
+    def slowed(self, factor: float) -> ThreadChange | None:
+        """A step took `factor` times what steps of its shape take lately: on a machine whose
+        cores we share, what a neighbour that arrived does to threads that meet at barriers.
+        One thread fewer at once, without waiting for the windows to say so; the windows then
+        bring the threads back when the cores are free (as after any drop)."""
+        if self.threads <= 1:
+            return None
+        previous = self.threads
+        self.threads -= 1
+        self._up_votes = self._down_votes = 0
+        return ThreadChange(self.threads, previous, self.others,
+                            f"a step took {factor:.0f}x its usual time")
+
     def pause(self, sample: CpuSample) -> None:
         """The context goes idle: keep the busy part of the window, ignore what follows until
         the next observe (which starts measuring again)."""

@@ -67,6 +67,12 @@ class QueueFull(Exception):
 
 Delivery = tuple[Request, Event]
 
+# A decode call this many times slower than calls of its shape lately (and by this much) means
+# contention for our cores (_observe_cost): a neighbour stalls threads that meet at barriers
+# tens of times over, while steps vary by far less than this on their own.
+SLOW_STEP = 4.0
+SLOW_STEP_MARGIN_S = 0.05
+
 
 class Worker:
     """One llama.cpp context and the thread that runs its step loop."""
@@ -91,7 +97,8 @@ class Worker:
         self.scheduler = Scheduler(
             self.manager, make_policy(config.scheduler), max_seqs=config.max_seqs,
             max_batch_tokens=config.max_batch_tokens, preemption=config.preemption,
-            wave_batch_tokens=config.wave_batch_tokens)
+            wave_batch_tokens=config.wave_batch_tokens,
+            step_target_s=config.step_target_ms / 1000, max_step_tokens=config.step_tokens)
         self.max_seq_len = min(config.n_ctx, self.context.n_ctx_seq)
         self.inbox: deque[InboxMessage] = deque()
         self.wakeup = threading.Event()
@@ -267,6 +274,7 @@ class Worker:
             times.decode_calls += 1
             times.micro_batches += self._micro_batches(group)
             times.decode_s += t_decoded - t
+            self._observe_cost(group, t_decoded - t)
             if status == 1:   # no KV slot after all: preempt one sequence and plan again
                 log.warning("engine %s: llama_decode found no KV slot; preempting", self.name)
                 self.scheduler.preempt_one()
@@ -280,6 +288,23 @@ class Worker:
         times.steps += 1
         self.observer.on_step(self, plan.num_tokens, time.perf_counter() - t0)
         return events
+
+    def _observe_cost(self, group: list, seconds: float) -> None:
+        """What this call cost, for sizing prompt chunks by time (scheduler/costs.py): a call
+        of 1-token pieces is the decoding streams' part of a step; the prompt tokens of a call
+        with longer pieces cost what is left of it. A call far slower than calls of its shape
+        lately is what a neighbour arriving on our cores does: the lease gives up a thread at
+        once (engine/lease.py)."""
+        costs = self.scheduler.costs
+        prompt = sum(c.end - c.start for c in group if c.end - c.start > 1)
+        decode = len(group) - sum(1 for c in group if c.end - c.start > 1) > 0
+        expected = costs.expected(decode, prompt)
+        if expected and seconds > SLOW_STEP * expected + SLOW_STEP_MARGIN_S:
+            self.lease.slowed(self.context, seconds / expected)
+        if not prompt:
+            costs.observe_decode(seconds)
+        else:
+            costs.observe_prompt(prompt, seconds - (costs.decode_s or 0.0 if decode else 0.0))
 
     def _sample(self, group: list) -> list[Delivery]:
         """Sample every chunk that wants logits, now: the next decode overwrites them. What

@@ -12,8 +12,9 @@ any number of grid cells, but a prompt never leaves a 1-token piece where a cold
 (`_max_reuse`, `_merged_end`): a cached answer is then bitwise the cold answer.
 
 How many prompt tokens a step takes (docs/scheduling.md): while nothing decodes, the whole
-budget; while sequences decode, one grid cell (prefill_chunk) for every sequence that wants a
-prompt chunk, so the decoding streams' steps are no longer, given in policy order so that the
+budget; while sequences decode, as many as fit the step's target time beside the decode tokens
+(step_target_s, from the costs of recent steps: StepCosts), and at least one grid cell
+(prefill_chunk) for every sequence that wants a prompt chunk, given in policy order so that the
 first prompts finish steps earlier; a sequence waiting on another's in-flight blocks lends its
 share to that one. While only a few sequences decode (few_decoding), a prompt with at most
 finish_piece tokens left computes them in one piece: a few streams lose less to one longer step
@@ -37,6 +38,7 @@ import time
 from dataclasses import dataclass, field
 
 from kvcache import BlockManager, KVOp
+from scheduler.costs import StepCosts
 from scheduler.policy import Policy
 from scheduler.sequence import FinishReason, Preemption, Sequence, Status
 
@@ -93,7 +95,8 @@ class StepPlan:
 class Scheduler:
     def __init__(self, manager: BlockManager, policy: Policy, *, max_seqs: int = 16,
                  max_batch_tokens: int = 256, preemption: Preemption | str = Preemption.SWAP,
-                 wave_batch_tokens: int = 0,
+                 wave_batch_tokens: int = 0, step_target_s: float = 0.0,
+                 max_step_tokens: int | None = None,
                  wave_ratio: float = WAVE_RATIO,
                  few_decoding: int = FEW_DECODING, finish_piece: int = FINISH_PIECE):
         if max_batch_tokens < max_seqs + manager.prefill_chunk:
@@ -105,6 +108,9 @@ class Scheduler:
         self.max_seqs, self.max_batch_tokens = max_seqs, max_batch_tokens
         self.preemption = Preemption(preemption)
         self.wave_batch_tokens, self.wave_ratio = wave_batch_tokens, wave_ratio   # module doc
+        # prompt tokens beside decoding streams by the time a step may take (0: one cell each)
+        self.step_target_s, self.costs = step_target_s, StepCosts()
+        self.max_step_tokens = max_step_tokens or max(max_batch_tokens, wave_batch_tokens)
         self.few_decoding, self.finish_piece = few_decoding, finish_piece
         self.waiting: list[Sequence] = []
         self.running: list[Sequence] = []
@@ -178,8 +184,11 @@ class Scheduler:
         plan.wave = self.is_wave(len(plan.chunks))
         plan.budget = self.wave_batch_tokens if plan.wave else self.max_batch_tokens
         plan.allowance = None if plan.wave else self._prefill_allowance(plan)
-        if plan.allowance is not None and len(plan.chunks) <= self.few_decoding:
-            plan.finish_within = self.finish_piece
+        if plan.allowance is not None:   # a step may grow to what the time target allows
+            plan.budget = max(plan.budget, min(self.max_step_tokens,
+                                               plan.num_tokens + plan.allowance))
+            if len(plan.chunks) <= self.few_decoding:
+                plan.finish_within = self.finish_piece
         for seq in [s for s in self.running if not s.is_decoding]:
             if seq.status is Status.RUNNING:
                 self._plan_prefill(seq, plan)
@@ -253,7 +262,10 @@ class Scheduler:
         admissible = min(max(free, 0), sum(1 for s in self.waiting if s.fork_of is None))
         cells = sum(self._cell_end(s) - s.num_computed for s in wanting)
         lent = set(self.lending).union(*self.lending.values()) if self.lending else ()
-        return max(cells + admissible * chunk, len(lent) * chunk)
+        allowance = max(cells + admissible * chunk, len(lent) * chunk)
+        timed = (self.costs.prompt_tokens_within(self.step_target_s, decoding=True)
+                 if self.step_target_s and (wanting or admissible) else None)
+        return allowance if timed is None else max(allowance, timed)
 
     def _plan_prefill(self, seq: Sequence, plan: StepPlan) -> bool:
         budget = plan.budget - plan.num_tokens

@@ -69,6 +69,7 @@ def engine_from_env() -> EngineConfig:
         n_threads=int(_env("THREADS", str(usable_cores()))),
         max_batch_tokens=_int_or_none("MAX_BATCH_TOKENS"),   # None: by device (resolved_for)
         wave_batch_tokens=int(_env("WAVE_BATCH_TOKENS", "2048")),
+        step_target_ms=float(_env("STEP_TARGET_MS", "500")),
         block_size=int(_env("BLOCK_SIZE", "8")),
         prefill_chunk=_int_or_none("PREFILL_CHUNK"),
         prefix_caching=_flag("PREFIX_CACHING", True),

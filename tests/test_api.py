@@ -63,6 +63,7 @@ def test_health_says_the_model_is_loaded(server_url, model_name):
     assert body["status"] == "ok" and body["models"][model_name]["loaded"] is True
     model = body["models"][model_name]   # the kernel and cache the defaults give (docs/configuration.md)
     assert (model["flash_attn"], model["kv_type"], model["kv_unified"]) == (True, "f16", False)
+    assert model["attention"] == "row-invariant" and model["step_target_ms"] == 500
     # every layer on the GPU by default with a GPU build, none with PAGEDLLAMA_GPU_LAYERS=0
     assert model["on_gpu"] is ON_GPU
     device = DEVICE_DEFAULTS["gpu" if ON_GPU else "cpu"]   # chunks and steps by device

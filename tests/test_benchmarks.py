@@ -299,12 +299,13 @@ def test_paired_table_shows_whole_server_names():
     from types import SimpleNamespace
 
     from benchmarks.paired import table
-    row = {"median_tok_s": 1.0, "median_ttft_ms": 2.0, "median_tpot_ms": 3.0, "p99_itl_ms": 4.0,
-           "failed": 0}
+    row = {"median_tok_s": 1.0, "median_ttft_ms": 2.0, "median_prompt_tok_s": 5.0,
+           "median_tpot_ms": 3.0, "p99_itl_ms": 4.0, "failed": 0}
     names = {"A": "ours PAGEDLLAMA_FLASH_ATTN=1 PAGEDLLAMA_PREFILL_CHUNK=64", "B": "llama-server"}
-    args = SimpleNamespace(pairs=1, slice=2, concurrency=2, input_len=8, output_len=4,
-                           temperature=0.0, sampling=[])
-    text = table({"A": row, "B": row, "ratios": [1.0], "median_ratio": 1.0}, names, args)
+    args = SimpleNamespace(workload="chat", pairs=1, slice=2, concurrency=2, input_len=8,
+                           output_len=4, temperature=0.0, sampling=[])
+    text = table({"A": row, "B": row, "ratios": [1.0], "median_ratio": 1.0,
+                  "ttft_ratios": [1.0], "median_ttft_ratio": 1.0}, names, args)
     assert names["A"] + " " in text
     header, a, b = text.splitlines()[1:4]
     assert len(a) == len(b) and header.index("tok/s") + len("tok/s") == a.index("1.0") + 3

@@ -6,6 +6,7 @@ import random
 import pytest
 
 from engine import EngineConfig, Model, Request, SamplingParams, Worker
+from engine.llama import Attention
 from tests.devices import TEST_GPU_LAYERS, cpu_exact
 from tests.engine_helpers import idle
 from tests.server_proc import GEMMA3, SMOLLM2
@@ -361,9 +362,9 @@ def test_logits_do_not_depend_on_how_many_sequences_decode_beside(path, flash_at
     llama.cpp's repacked weight layouts switch from a row-by-row kernel to a 4-row one there,
     which changed Gemma 3's greedy answers (engine.Model loads without repacking). 8 rows:
     ggml's tiled matmul takes Gemma's K-quant weights there, and with flash attention on
-    ggml's default path Gemma's logits moved by 1.1 from 8 rows up (measured; the reference
-    path keeps them). Gemma's Q4_K, Q6_K, Q5_0 and Q8_0 tensors cover the kernels its layers
-    use; both attention kernels."""
+    ggml's default path Gemma's logits moved by 1.1 from 8 rows up (measured; the row-invariant
+    path keeps them, with that matmul on). Gemma's Q4_K, Q6_K, Q5_0 and Q8_0 tensors cover the
+    kernels its layers use; both attention kernels."""
     import numpy as np
 
     from engine.llama import Context, ContextConfig
@@ -394,28 +395,30 @@ def test_logits_do_not_depend_on_how_many_sequences_decode_beside(path, flash_at
         m.close()
 
 
-@pytest.mark.parametrize("flash_attn,kv_type,reference", [
-    (False, "f16", True), (True, "f16", True), (True, "q8_0", True), (True, "f16", False)],
-    ids=["plain", "flash-f16", "flash-q8_0", "flash-f16-ggml-default"])
+@pytest.mark.parametrize("flash_attn,kv_type,path", [
+    (False, "f16", None), (True, "f16", Attention.ROW_INVARIANT), (True, "f16", Attention.REFERENCE),
+    (True, "q8_0", Attention.ROW_INVARIANT), (True, "f16", Attention.GGML_DEFAULT)],
+    ids=["plain", "flash-f16-row-invariant", "flash-f16-reference", "flash-q8_0",
+         "flash-f16-ggml-default"])
 @cpu_exact
-def test_logits_do_not_depend_on_the_batch_or_the_thread_count(model, flash_attn, kv_type,
-                                                               reference):
+def test_logits_do_not_depend_on_the_batch_or_the_thread_count(model, flash_attn, kv_type, path):
     """A sequence's logits must be bitwise the same decoded alone, beside other sequences, and
-    with 1 or 2 threads, also past 512 tokens of context. Flash attention is exact because
-    engine.Context puts ggml's CPU backend on its reference path; the last case turns that off
-    to show why: ggml's default kernel over an f16 cache splits one lone query row's KV range
-    between the threads from 512 KV cells on (llama.cpp pads a sequence's KV view to 256), so a
-    sequence decoding alone past ~256 tokens gets other logits than beside others or on another
-    thread count (measured: up to 0.47 in a logit, 2 of 6 greedy chat answers changed). If that
-    case fails after a llama.cpp upgrade, ggml changed its kernel: rethink the reference path."""
+    with 1 or 2 threads, also past 512 tokens of context. Flash attention is exact on the
+    row-invariant path (the build's patch: the tiled kernel for every batch) and on ggml's
+    reference path (row by row); the last case takes ggml's default to show why: it splits one
+    lone query row's KV range between the threads from 512 KV cells on (llama.cpp pads a
+    sequence's KV view to 256), so a sequence decoding alone past ~256 tokens gets other logits
+    than beside others or on another thread count (measured: up to 0.47 in a logit, 2 of 6
+    greedy chat answers changed). If that case fails after a llama.cpp upgrade, ggml changed its
+    kernel: rethink the exact paths."""
     import numpy as np
 
     from engine.llama import Context, ContextConfig
     ctx = Context(model, ContextConfig(n_ctx=1024 * 3, n_seq_max=3, n_batch=64, n_threads=2,
                                        kv_unified=False, flash_attn=flash_attn, kv_type=kv_type))
     try:
-        if not reference:
-            ctx.use_ggml_default_attention()
+        if path is not None:
+            ctx.use_attention(path)
         rng = random.Random(3)
         prompts = [[rng.randrange(1000, 40000) for _ in range(n)] for n in (600, 40, 200)]
         for seq, toks in enumerate(prompts):
@@ -429,7 +432,22 @@ def test_logits_do_not_depend_on_the_batch_or_the_thread_count(model, flash_attn
         different = [case for case, logits in [
             ("beside 1", logits_of_0([0, 1])), ("beside 2", logits_of_0([0, 1, 2])),
             ("1 thread", logits_of_0([0], threads=1))] if not np.array_equal(alone, logits)]
-        assert different == ([] if reference else ["beside 1", "beside 2", "1 thread"])
+        exact = path is not Attention.GGML_DEFAULT
+        assert different == ([] if exact else ["beside 1", "beside 2", "1 thread"])
+    finally:
+        ctx.close()
+
+
+def test_flash_attention_runs_on_the_row_invariant_path(model):
+    """The build's patch (scripts/patches/ggml-cpu-fa-row-invariant.patch, applied by make
+    setup) is there and a flash-attention context uses it: without it, flash attention falls
+    back to ggml's reference path, exact but slow on long prompts."""
+    from engine.llama import Context, ContextConfig, has_row_invariant_attention
+    assert has_row_invariant_attention(), "llama.cpp was built without the row-invariant patch"
+    ctx = Context(model, ContextConfig(n_ctx=256, n_seq_max=1, n_batch=32, n_threads=1,
+                                       flash_attn=True))
+    try:
+        assert ctx.attention is Attention.ROW_INVARIANT
     finally:
         ctx.close()
 
@@ -461,17 +479,19 @@ def test_flash_attention_computes_every_cut_of_a_prompt_alike(model):
     """Why prefix hits may end on any token and the scheduler may merge prompt cells into one
     piece with flash attention too: a prompt computed in pieces of 2 or more tokens, however
     cut, gives bitwise the same logits, and so do the decode steps after it (the KV it wrote is
-    the same), over an f16 and a q8_0 cache. ggml's default kernel over f16 computes 64 or more
-    query rows of one sequence in tiles, other numbers than row by row (the last case, with the
-    reference path turned off); engine.Context keeps it on the reference path."""
+    the same), over an f16 and a q8_0 cache, on the row-invariant and the reference path. ggml's
+    default kernel over f16 computes 64 or more query rows of one sequence in tiles and fewer
+    row by row, other numbers (the last case); engine.Context keeps an exact path."""
     import numpy as np
 
     from engine.llama import Context, ContextConfig
     contexts = {name: Context(model, ContextConfig(n_ctx=512 * 2, n_seq_max=2, n_batch=256,
                                                    n_threads=2, kv_unified=False,
                                                    flash_attn=True, kv_type=kv))
-                for name, kv in (("f16", "f16"), ("q8_0", "q8_0"), ("f16-ggml-default", "f16"))}
-    contexts["f16-ggml-default"].use_ggml_default_attention()
+                for name, kv in (("f16", "f16"), ("q8_0", "q8_0"), ("f16-reference", "f16"),
+                                 ("f16-ggml-default", "f16"))}
+    contexts["f16-reference"].use_attention(Attention.REFERENCE)
+    contexts["f16-ggml-default"].use_attention(Attention.GGML_DEFAULT)
     rng = random.Random(5)
     toks = [rng.randrange(1000, 40000) for _ in range(161)]
     after = [rng.randrange(1000, 40000) for _ in range(3)]

@@ -131,13 +131,14 @@ def start_server(stack: ExitStack, what: str, env: list[str], args) -> str:
         raise SystemExit(f"--a-env/--b-env set our server's settings; {what!r} is not ours")
     if what.startswith("http"):
         return check_loopback(what)
+    n_ctx = getattr(args, "n_ctx", None) or 2048
     if what == "ours":
-        spec = our_server(args.model, args.threads, env=parse_env(env))
+        spec = our_server(args.model, args.threads, n_ctx, env=parse_env(env))
     elif what == "llama-server":
         binary = find_peer_bin()
         if binary is None:
             raise SystemExit("llama-server not found (scripts/build_llama_server.sh builds it)")
-        spec = llama_server(binary, args.model, args.threads, args.parallel)
+        spec = llama_server(binary, args.model, args.threads, args.parallel, n_ctx)
     else:
         raise SystemExit(f"--a/--b: ours, llama-server or a URL, not {what!r}")
     return stack.enter_context(launched(spec))

@@ -31,6 +31,8 @@ async def health(http: HTTPRequest):
         return JSONResponse({"status": "draining", "models": {}}, status_code=503)
     models = {name: {"loaded": True, "on_gpu": lm.model.on_gpu,
                      "flash_attn": lm.workers[0].config.flash_attn,
+                     "attention": lm.workers[0].context.attention or "plain",
+                     "step_target_ms": lm.workers[0].config.step_target_ms,
                      "prefill_chunk": lm.workers[0].config.prefill_chunk,
                      "max_batch_tokens": lm.workers[0].config.max_batch_tokens,
                      "kv_type": lm.spec.engine.kv_type, "kv_unified": lm.spec.engine.kv_unified,

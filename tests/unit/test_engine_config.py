@@ -2,6 +2,7 @@
 arithmetic on the settings)."""
 import pytest
 
+from engine import config as config_module
 from engine.config import EngineConfig
 from server.config import engine_from_env
 
@@ -11,9 +12,17 @@ class FakeModel:
         self.has_k_quants, self.on_gpu = has_k_quants, on_gpu
 
 
-def test_by_default_flash_attention_unless_the_weights_are_k_quants():
+def test_by_default_flash_attention_on_its_row_invariant_path_for_any_weights(monkeypatch):
+    monkeypatch.setattr(config_module, "has_row_invariant_attention", lambda: True)
     cfg = EngineConfig()
     assert cfg.flash_attn is None and cfg.kv_type == "f16"
+    assert cfg.resolved_for(FakeModel(False)).flash_attn is True
+    assert cfg.resolved_for(FakeModel(True)).flash_attn is True
+
+
+def test_without_the_row_invariant_path_k_quant_models_get_plain_attention(monkeypatch):
+    monkeypatch.setattr(config_module, "has_row_invariant_attention", lambda: False)
+    cfg = EngineConfig()
     assert cfg.resolved_for(FakeModel(False)).flash_attn is True
     assert cfg.resolved_for(FakeModel(True)).flash_attn is False
     # a q8_0 cache needs flash attention whatever the weights

@@ -149,3 +149,12 @@ def test_the_thread_count_is_kept_across_a_pause():
     gov.pause(CpuSample(0.6, 300, 200))
     gov.observe(CpuSample(9.0, 300, 200))
     assert gov.threads == 1
+
+
+def test_a_step_far_slower_than_usual_gives_up_a_thread_at_once_and_the_windows_bring_it_back():
+    gov = ThreadGovernor(configured=2, cores=2)
+    change = gov.slowed(40.0)           # a neighbour arrived: a step took 40 times its time
+    assert change is not None and (change.previous, change.threads) == (2, 1)
+    assert "40x" in change.reason
+    assert gov.slowed(40.0) is None     # one thread: nothing left to give up
+    assert feed(gov, [0.0, 0.0, 0.0]) == [1, 2, 2]   # the cores are free again: back up

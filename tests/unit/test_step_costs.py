@@ -1,0 +1,94 @@
+"""Prompt chunks sized by time: the costs of recent steps (StepCosts) and the allowance the
+scheduler gives a long prompt beside decoding streams."""
+import pytest
+
+from kvcache import BlockManager
+from scheduler import Scheduler, Sequence, make_policy
+from scheduler.costs import StepCosts
+
+
+def test_nothing_is_known_until_a_prompt_token_was_timed():
+    costs = StepCosts()
+    costs.observe_decode(0.06)
+    assert costs.prompt_tokens_within(0.5, decoding=True) is None
+
+
+def test_the_tokens_that_fit_are_what_the_target_leaves_beside_the_decode_tokens():
+    costs = StepCosts()
+    costs.observe_decode(0.1)
+    costs.observe_prompt(100, 0.4)                  # 4 ms a prompt token
+    assert costs.prompt_tokens_within(0.5, decoding=True) == 100
+    assert costs.prompt_tokens_within(0.5, decoding=False) == 125
+    assert costs.prompt_tokens_within(0.05, decoding=True) == 0   # the decode alone is longer
+
+
+def test_costs_follow_recent_steps_more_than_old_ones():
+    costs = StepCosts(alpha=0.5)
+    costs.observe_prompt(10, 0.01)                  # 1 ms a token
+    costs.observe_prompt(10, 0.03)                  # then 3 ms
+    assert costs.prompt_token_s == pytest.approx(0.002)
+    costs.observe_prompt(0, 1.0)                    # no prompt tokens: nothing learned
+    assert costs.prompt_token_s == pytest.approx(0.002)
+
+
+def make(step_target_s: float) -> Scheduler:
+    manager = BlockManager(2048, block_size=8, num_seq_ids=16, prefill_chunk=16)
+    return Scheduler(manager, make_policy("fifo"), max_seqs=8, max_batch_tokens=256,
+                     wave_batch_tokens=2048, step_target_s=step_target_s)
+
+
+def pieces_of_a_long_prompt_beside(sched: Scheduler, streams: int = 6) -> list[int]:
+    """Start `streams` decoding streams (more than few_decoding, whose prompts finish in one
+    piece), then a 2,000-token prompt; the prompt tokens of each
+    step until the prompt is computed (costs: 60 ms of decode tokens, 3 ms a prompt token)."""
+    sched.costs.observe_decode(0.06)
+    sched.costs.observe_prompt(100, 0.3)
+    running = [Sequence([1000 * i + j for j in range(5)], max_tokens=10**6) for i in range(streams)]
+    for s in running:
+        sched.add(s)
+    while any(not s.is_decoding for s in running):
+        advance(sched, sched.schedule())
+    long = Sequence(list(range(50_000, 52_000)), max_tokens=4)
+    sched.add(long)
+    sizes = []
+    while long.num_output == 0:
+        plan = sched.schedule()
+        sizes.append(sum(c.end - c.start for c in plan.chunks if c.seq is long))
+        assert sum(1 for c in plan.chunks if c.seq.is_decoding) == streams   # nobody waits
+        advance(sched, plan)
+    return sizes
+
+
+def advance(sched: Scheduler, plan) -> None:
+    sched.advance(plan)
+    for c in plan.chunks:
+        if c.wants_logits:
+            c.seq.tokens.append(7)
+
+
+def test_a_long_prompt_beside_decoding_streams_gets_what_the_step_target_allows():
+    sizes = pieces_of_a_long_prompt_beside(make(step_target_s=0.5))
+    # 0.5 s less 60 ms of decode tokens leaves 146 tokens at 3 ms: whole grid cells of 16
+    assert max(sizes) == 144 and len(sizes) <= 15
+
+
+def test_without_a_step_target_a_prompt_gets_one_grid_cell_a_step():
+    sizes = pieces_of_a_long_prompt_beside(make(step_target_s=0.0))
+    assert max(sizes) == 16 and len(sizes) == 125
+
+
+def test_a_step_may_grow_past_the_batch_budget_up_to_what_one_decode_takes():
+    sched = make(step_target_s=2.0)                  # ~646 tokens fit: more than 256
+    sizes = pieces_of_a_long_prompt_beside(sched)
+    assert max(sizes) > 256 - 6 and max(sizes) <= sched.max_step_tokens
+
+
+def test_what_a_call_should_take_needs_both_of_its_parts_known():
+    costs = StepCosts()
+    assert costs.expected(decode=True, prompt_tokens=0) is None
+    costs.observe_decode(0.05)
+    assert costs.expected(decode=True, prompt_tokens=0) == pytest.approx(0.05)
+    assert costs.expected(decode=True, prompt_tokens=16) is None
+    costs.observe_prompt(16, 0.08)
+    assert costs.expected(decode=True, prompt_tokens=32) == pytest.approx(0.05 + 0.16)
+    assert costs.expected(decode=False, prompt_tokens=32) == pytest.approx(0.16)
