@@ -81,6 +81,7 @@ def engine_from_env() -> EngineConfig:
         preemption=_env("PREEMPTION", "swap"),
         max_queue=int(_env("MAX_QUEUE", "256")),
         cache_seqs=int(_env("CACHE_SEQS", "16")),
+        swap_tokens=_int_or_none("SWAP_TOKENS"),
         adaptive_threads=_flag("ADAPTIVE_THREADS", True),
     )
 
