@@ -46,7 +46,9 @@ class EngineConfig:
     scheduler: str = "fifo"
     preemption: Preemption = Preemption.SWAP
     max_queue: int = 256
-    cache_seqs: int = 16              # extra llama.cpp seq ids that hold cached prefixes
+    cache_seqs: int = 0               # extra llama.cpp seq ids that hold cached prefixes (with
+                                      # split KV each is a stream of n_ctx cells; with none,
+                                      # the idle sequences' streams hold them)
     swap_tokens: int | None = None    # tokens of KV a context may keep swapped out in RAM
                                       # (preemption); beyond it preempted sequences are
                                       # recomputed. None: n_ctx (one whole sequence)

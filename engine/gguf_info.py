@@ -4,8 +4,9 @@
 The gguf package's GGUFReader maps every field and every element of every array into numpy
 objects: 4-5 s for SmolLM2's header (a 49,152-token vocabulary), 17-18 s for Gemma 3's
 (262,144 tokens). The server reads these facts once at start-up, so it reads the header itself:
-scalars, strings and short numeric arrays are decoded, other arrays are stepped over, tensors give their name, type and
-element count. Layout: github.com/ggml-org/ggml docs/gguf.md (versions 2 and 3)."""
+scalars, strings and short numeric arrays are decoded, other arrays are stepped over, tensors
+give their name, type and element count. Layout: github.com/ggml-org/ggml docs/gguf.md
+(versions 2 and 3)."""
 from __future__ import annotations
 
 import mmap
@@ -157,9 +158,9 @@ def k_quant_file_type(file_type: int | str | None) -> bool:
     return "_K" in name or "IQ" in name
 
 
-def gguf_facts(path: str | Path) -> dict:
+def gguf_facts(path: str | Path, header: GGUFHeader | None = None) -> dict:
     path = Path(path)
-    header = read_header(path)
+    header = header or read_header(path)
     meta = header.metadata
     arch = meta.get("general.architecture") or "unknown"
     n_params = sum(t.n_elements for t in header.tensors)
