@@ -115,7 +115,7 @@ def memory(args) -> dict:
             proc = server_process(base)
             assert proc is not None
             start = proc.memory_info().rss
-            one_chat(base)
+            one_chat(base, httpx.get(f"{base}/v1/models").json()["data"][0]["id"])
             time.sleep(1.0)
             row = {"server": name, "rss_start": start, "rss": proc.memory_info().rss,
                    "peak": peak_rss(proc.pid)}
