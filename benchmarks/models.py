@@ -115,7 +115,7 @@ def memory(args) -> dict:
             proc = server_process(base)
             assert proc is not None
             start = proc.memory_info().rss
-            one_chat(base, httpx.get(f"{base}/v1/models").json()["data"][0]["id"])
+            one_completion(base, httpx.get(f"{base}/v1/models").json()["data"][0]["id"], 32)
             time.sleep(1.0)
             row = {"server": name, "rss_start": start, "rss": proc.memory_info().rss,
                    "peak": peak_rss(proc.pid)}
@@ -139,7 +139,7 @@ def memory(args) -> dict:
         lines.append(f"{r['server']:<44} {r['rss'] / MiB:>11.0f} MiB {r['peak'] / MiB:>5.0f} MiB "
                      f"{ratio:>15} " + (f"{est['total'] / MiB:>5.0f} MiB {est['kv'] / MiB:>4.0f} MiB"
                                         if est else ""))
-    text = (f"resident memory after one chat request · {Path(args.model).name} · "
+    text = (f"resident memory after one request (32 tokens) · {Path(args.model).name} · "
             f"{args.parallel} sequences of {args.n_ctx} tokens\n" + ruled(head, lines))
     return {"text": text, "rows": rows}
 
