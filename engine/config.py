@@ -4,14 +4,24 @@ the model computes)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Protocol
 
-from engine.llama import KV_TYPES, Model, has_row_invariant_attention
+from engine.llama import KV_TYPES, has_row_invariant_attention
+from engine.memory import ContextShape
 from scheduler import Preemption
 
 # Prompt chunks and step budgets by where a model computes: on a GPU a step costs about the same
 # for 16 tokens as for 256, so prompts go in larger chunks within larger steps (docs/gpu.md).
 DEVICE_DEFAULTS = {"cpu": {"prefill_chunk": 16, "max_batch_tokens": 256},
                    "gpu": {"prefill_chunk": 256, "max_batch_tokens": 1024}}
+
+
+class ModelKind(Protocol):
+    """What resolved_for asks of a model: a loaded Model, or a file's facts before loading."""
+    on_gpu: bool
+
+    @property
+    def has_k_quants(self) -> bool: ...
 
 
 @dataclass
@@ -36,7 +46,12 @@ class EngineConfig:
     scheduler: str = "fifo"
     preemption: Preemption = Preemption.SWAP
     max_queue: int = 256
-    cache_seqs: int = 16              # extra llama.cpp seq ids that hold cached prefixes
+    cache_seqs: int = 0               # extra llama.cpp seq ids that hold cached prefixes (with
+                                      # split KV each is a stream of n_ctx cells; with none,
+                                      # the idle sequences' streams hold them)
+    swap_tokens: int | None = None    # tokens of KV a context may keep swapped out in RAM
+                                      # (preemption); beyond it preempted sequences are
+                                      # recomputed. None: n_ctx (one whole sequence)
     adaptive_threads: bool = True     # fewer threads while other processes use our cores
     thread_share: float = 1.0         # this context's part of the process's threads
 
@@ -48,7 +63,7 @@ class EngineConfig:
             raise ValueError(f"a {self.kv_type} KV cache needs flash attention (llama.cpp "
                              "quantizes V only for its flash-attention kernel)")
 
-    def resolved_for(self, model: Model) -> EngineConfig:
+    def resolved_for(self, model: ModelKind) -> EngineConfig:
         """The settings left to the model, chosen for it. With flash_attn None (auto): flash
         attention on its row-invariant path (engine/llama.py, Attention), which is exact and at
         least as fast as plain attention on prompts and decoding alike (docs/performance.md).
@@ -72,6 +87,30 @@ class EngineConfig:
         model)."""
         assert self.max_batch_tokens is not None, "a config resolved_for a model"
         return max(self.max_batch_tokens, self.wave_batch_tokens)
+
+    @property
+    def max_swapped_tokens(self) -> int:
+        return self.n_ctx if self.swap_tokens is None else self.swap_tokens
+
+    @property
+    def n_outputs_max(self) -> int:
+        """The most logits rows one llama_decode call asks for (of a config resolved_for a
+        model): a row per piece, except a prompt whose logprobs are asked (echo), whose pieces
+        want every row, one grid cell at most a step; and at least one per seq id (llama.cpp's
+        floor). llama.cpp sizes its compute and output buffers by it."""
+        assert self.prefill_chunk is not None, "a config resolved_for a model"
+        return max(self.n_seq_max, min(self.step_tokens, self.n_seq_max * self.prefill_chunk))
+
+    def memory_shape(self) -> ContextShape:
+        """What decides a context's memory (engine/memory.py), of a config resolved_for a
+        model."""
+        assert self.flash_attn is not None, "a config resolved_for a model"
+        return ContextShape(n_ctx=self.n_ctx, max_seqs=self.max_seqs, n_seq_max=self.n_seq_max,
+                            kv_unified=self.kv_unified, kv_type=self.kv_type,
+                            flash_attn=self.flash_attn, n_ubatch=self.step_tokens,
+                            n_outputs_max=self.n_outputs_max,
+                            swap_tokens=self.max_swapped_tokens
+                            if self.preemption is Preemption.SWAP else 0)
 
     @property
     def n_seq_max(self) -> int:

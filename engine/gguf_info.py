@@ -4,8 +4,9 @@
 The gguf package's GGUFReader maps every field and every element of every array into numpy
 objects: 4-5 s for SmolLM2's header (a 49,152-token vocabulary), 17-18 s for Gemma 3's
 (262,144 tokens). The server reads these facts once at start-up, so it reads the header itself:
-scalars and strings are decoded, arrays are stepped over, tensors give their name, type and
-element count. Layout: github.com/ggml-org/ggml docs/gguf.md (versions 2 and 3)."""
+scalars, strings and short numeric arrays are decoded, other arrays are stepped over, tensors
+give their name, type and element count. Layout: github.com/ggml-org/ggml docs/gguf.md
+(versions 2 and 3)."""
 from __future__ import annotations
 
 import mmap
@@ -20,6 +21,7 @@ import gguf
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q",
             11: "<q", 12: "<d"}
 _STRING, _ARRAY = 8, 9
+SMALL_ARRAY = 4096   # numeric arrays up to this length are read (per-layer head counts, ...)
 _U64 = struct.Struct("<Q")
 
 
@@ -34,7 +36,8 @@ class TensorInfo:
 
 @dataclass
 class GGUFHeader:
-    metadata: dict       # key -> value; arrays are left out (None), except their presence
+    metadata: dict       # key -> value; numeric arrays of up to SMALL_ARRAY values as lists,
+                         # other arrays are left out (None), except their presence
     tensors: list[TensorInfo]
 
 
@@ -64,6 +67,11 @@ class _Cursor:
             return self.string()
         if vtype == _ARRAY:
             etype, count = self.scalar("<I"), self.scalar("<Q")
+            if etype in _SCALARS and count <= SMALL_ARRAY:   # per-layer values: read
+                fmt = _SCALARS[etype]
+                values = struct.unpack_from(f"<{count}{fmt[1]}", self.buf, self.pos)
+                self.pos += count * struct.calcsize(fmt)
+                return list(values)
             if etype in _SCALARS:
                 self.pos += count * struct.calcsize(_SCALARS[etype])
             elif etype == _STRING:   # a vocabulary: one length and its bytes per token
@@ -138,9 +146,21 @@ def declared_file_type(metadata: dict) -> str | None:
         return str(file_type)
 
 
-def gguf_facts(path: str | Path) -> dict:
+def k_quant_file_type(file_type: int | str | None) -> bool:
+    """Is a file of this general.file_type a K-quant or IQ file (Q4_K_M, Q6_K, IQ4_XS, ...;
+    unknown counts as yes)? (engine.Model.has_k_quants)"""
+    if file_type is None:
+        return True
+    try:
+        name = gguf.LlamaFileType(int(file_type)).name
+    except ValueError:
+        return True
+    return "_K" in name or "IQ" in name
+
+
+def gguf_facts(path: str | Path, header: GGUFHeader | None = None) -> dict:
     path = Path(path)
-    header = read_header(path)
+    header = header or read_header(path)
     meta = header.metadata
     arch = meta.get("general.architecture") or "unknown"
     n_params = sum(t.n_elements for t in header.tensors)

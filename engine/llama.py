@@ -16,9 +16,10 @@ from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 
-import gguf
 import llama_cpp as C
 import numpy as np
+
+from engine.gguf_info import k_quant_file_type
 
 log = logging.getLogger("pagedllama.llama_cpp")
 _LEVELS = {1: logging.DEBUG, 2: logging.INFO, 3: logging.WARNING, 4: logging.ERROR}
@@ -205,13 +206,7 @@ class Model:
         multiplies such weights with its tiled matmul from 8 rows of input, a kernel that the
         reference path (Attention.REFERENCE) turns off, so batches of such a model are
         much slower with flash attention (docs/prefix-cache.md, "Attention kernels")."""
-        if self.file_type is None:
-            return True
-        try:
-            name = gguf.LlamaFileType(int(self.file_type)).name
-        except ValueError:
-            return True
-        return "_K" in name or "IQ" in name
+        return k_quant_file_type(self.file_type)
 
     def tokenize(self, text: str, add_special: bool = True,
                  parse_special: bool = True) -> list[int]:
@@ -306,6 +301,8 @@ class ContextConfig:
     kv_unified: bool = True
     flash_attn: bool = False
     kv_type: str = "f16"        # KV cache element type: f16 or q8_0 (q8_0 needs flash_attn)
+    n_outputs_max: int = 0      # most logits rows of one decode (0: n_batch); llama.cpp sizes
+                                # its compute and output buffers by it
 
 
 # ggml type ids (ggml.h) of the KV cache types offered
@@ -325,6 +322,9 @@ class Context:
         params.kv_unified = config.kv_unified
         params.flash_attn_type = 1 if config.flash_attn else 0
         params.type_k = params.type_v = KV_TYPES[config.kv_type]
+        # llama.cpp keeps a logits row per seq id at least (an assertion otherwise)
+        params.n_outputs_max = (max(config.n_outputs_max, config.n_seq_max)
+                                if config.n_outputs_max else 0)
         params.no_perf = True
         # A model kept on the CPU stays there: without this a GPU build still copies the weights
         # of large batches' matrix products to the GPU (llama.cpp's op offload), whose kernels
@@ -368,9 +368,10 @@ class Context:
         """One llama_decode over pieces of (seq id, tokens, first position, how many of the last
         tokens want logits: 0, 1 (True) or all of them). Returns llama_decode's status (0 ok,
         1 no KV slot, <0 error)."""
-        n = 0
+        n = outputs = 0
         for seq_id, tokens, pos0, want_logits in pieces:
             k = len(tokens)
+            outputs += int(want_logits)
             self._tokens[n:n + k] = tokens
             self._pos[n:n + k] = np.arange(pos0, pos0 + k)
             self._logits[n:n + k] = 0
@@ -380,6 +381,11 @@ class Context:
                 self._seq_ptrs[i][0] = seq_id
             n += k
         self.batch.n_tokens = n
+        if self.config.n_outputs_max and outputs > max(self.config.n_outputs_max,
+                                                       self.config.n_seq_max):
+            # llama.cpp would abort the process (an assertion in its output buffer)
+            raise RuntimeError(f"a batch with {outputs} outputs, more than the context's "
+                               f"{self.config.n_outputs_max}")
         return C.llama_decode(self.ptr, self.batch)
 
     def set_threads(self, n_threads: int) -> None:

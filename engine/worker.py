@@ -89,7 +89,8 @@ class Worker:
         self.context = Context(model, ContextConfig(
             n_ctx=config.total_cells, n_seq_max=config.n_seq_max, n_batch=config.step_tokens,
             n_threads=config.n_threads, kv_unified=config.kv_unified,
-            flash_attn=config.flash_attn, kv_type=config.kv_type))
+            flash_attn=config.flash_attn, kv_type=config.kv_type,
+            n_outputs_max=config.n_outputs_max))
         self.manager = BlockManager(
             config.total_cells // config.block_size, block_size=config.block_size,
             num_seq_ids=config.n_seq_max, prefix_caching=config.prefix_caching,
@@ -98,7 +99,8 @@ class Worker:
             self.manager, make_policy(config.scheduler), max_seqs=config.max_seqs,
             max_batch_tokens=config.max_batch_tokens, preemption=config.preemption,
             wave_batch_tokens=config.wave_batch_tokens,
-            step_target_s=config.step_target_ms / 1000, max_step_tokens=config.step_tokens)
+            step_target_s=config.step_target_ms / 1000, max_step_tokens=config.step_tokens,
+            max_swapped_tokens=config.max_swapped_tokens)
         self.max_seq_len = min(config.n_ctx, self.context.n_ctx_seq)
         self.inbox: deque[InboxMessage] = deque()
         self.wakeup = threading.Event()

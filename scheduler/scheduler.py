@@ -96,7 +96,7 @@ class Scheduler:
     def __init__(self, manager: BlockManager, policy: Policy, *, max_seqs: int = 16,
                  max_batch_tokens: int = 256, preemption: Preemption | str = Preemption.SWAP,
                  wave_batch_tokens: int = 0, step_target_s: float = 0.0,
-                 max_step_tokens: int | None = None,
+                 max_step_tokens: int | None = None, max_swapped_tokens: int | None = None,
                  wave_ratio: float = WAVE_RATIO,
                  few_decoding: int = FEW_DECODING, finish_piece: int = FINISH_PIECE):
         if max_batch_tokens < max_seqs + manager.prefill_chunk:
@@ -107,6 +107,9 @@ class Scheduler:
         self.manager, self.policy = manager, policy
         self.max_seqs, self.max_batch_tokens = max_seqs, max_batch_tokens
         self.preemption = Preemption(preemption)
+        # swap preemption keeps at most this many tokens of KV in RAM (None: no bound); a
+        # sequence that would go past it is preempted by recompute instead
+        self.max_swapped_tokens, self.swapped_tokens = max_swapped_tokens, 0
         self.wave_batch_tokens, self.wave_ratio = wave_batch_tokens, wave_ratio   # module doc
         # prompt tokens beside decoding streams by the time a step may take (0: one cell each)
         self.step_target_s, self.costs = step_target_s, StepCosts()
@@ -139,6 +142,7 @@ class Scheduler:
             if seq.saved_key is not None:
                 self.manager.drop_saved(seq.saved_key)
                 seq.saved_key = None
+                self.swapped_tokens -= seq.num_computed
         self.finish(seq, reason)
 
     def finish(self, seq: Sequence, reason: FinishReason) -> None:
@@ -419,6 +423,7 @@ class Scheduler:
             if alloc is None:
                 return False
             seq.saved_key, seq.alloc = None, alloc
+            self.swapped_tokens -= seq.num_computed
             return True
         max_reuse = 0 if seq.prompt_logits else self._max_reuse(seq)
         alloc = self.manager.open(seq.tokens, max_reuse, len(seq.tokens) + 1,
@@ -435,8 +440,11 @@ class Scheduler:
             plan.chunks.remove(chunk)
             self._release_claims(chunk.claims, seq)
         self.running.remove(seq)
-        if self.preemption is Preemption.SWAP and seq.num_computed > 0:
+        if self.preemption is Preemption.SWAP and seq.num_computed > 0 and (
+                self.max_swapped_tokens is None
+                or self.swapped_tokens + seq.num_computed <= self.max_swapped_tokens):
             seq.saved_key = self.manager.save(seq.allocated)
+            self.swapped_tokens += seq.num_computed
         else:
             seq.num_computed, seq.hashes = 0, None
         self.manager.free(seq.allocated)

@@ -1,7 +1,10 @@
-"""Configuration from environment variables, and the optional models file (YAML)."""
+"""Configuration from environment variables, and the optional models file (YAML) and models
+folder: the catalogue of models this process may serve, and the memory they may take."""
 from __future__ import annotations
 
+import math
 import os
+import re
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
@@ -20,6 +23,8 @@ class ModelSpec:
     defaults: dict = field(default_factory=dict)   # per-model default sampling values
     gpu_layers: int | None = None           # layers offloaded with a GPU build (-1: all)
     chat_template: Path | None = None       # a Jinja chat template file instead of the GGUF's
+    pin: bool = False                       # loaded at start-up and never unloaded
+    keep_alive: float = 300.0               # seconds idle before it is unloaded (< 0: never)
 
 
 @dataclass
@@ -42,6 +47,9 @@ class Settings:
     max_n: int = 8                          # most choices (n) one request may ask for
     elastic_threads: bool = True            # a context alone with work uses idle ones' threads
     repack_weights: bool = False            # llama.cpp's repacked weight layouts (engine.Model)
+    memory_budget: int = 0                  # bytes the loaded models may take together
+    memory_budget_source: str = ""          # where the budget came from (for the log)
+    load_timeout: float = 300.0             # seconds a request waits for its model to load
 
 
 def _env(name: str, default: str) -> str:
@@ -80,7 +88,8 @@ def engine_from_env() -> EngineConfig:
         scheduler=_env("SCHEDULER", "fifo"),
         preemption=_env("PREEMPTION", "swap"),
         max_queue=int(_env("MAX_QUEUE", "256")),
-        cache_seqs=int(_env("CACHE_SEQS", "16")),
+        cache_seqs=int(_env("CACHE_SEQS", "0")),
+        swap_tokens=_int_or_none("SWAP_TOKENS"),
         adaptive_threads=_flag("ADAPTIVE_THREADS", True),
     )
 
@@ -98,17 +107,111 @@ def gpu_layers_from_env() -> int | None:
 
 def load_settings() -> Settings:
     base = engine_from_env()
-    models_file = _env("MODELS_FILE", "")
+    keep_alive = parse_keep_alive(_env("KEEP_ALIVE", "300"), "PAGEDLLAMA_KEEP_ALIVE")
+    models_file, models_dir = _env("MODELS_FILE", ""), _env("MODELS_DIR", "")
+    models: list[ModelSpec] = []
     if models_file:
-        models = _models_from_file(Path(models_file), base)
-    else:
+        models = _models_from_file(Path(models_file), base, keep_alive)
+    if models_dir:
+        models += _models_from_dir(Path(models_dir), base, keep_alive, models)
+    if not models_file and not models_dir:   # one model, loaded at start-up as it always was
         path = Path(_env("MODEL", str(DEFAULT_MODEL)))
         models = [ModelSpec(_env("MODEL_NAME", model_name(path)), path, base,
-                            int(_env("CONTEXTS", "1")), gpu_layers=gpu_layers_from_env())]
+                            int(_env("CONTEXTS", "1")), gpu_layers=gpu_layers_from_env(),
+                            pin=True, keep_alive=-1)]
+    if not models:
+        raise ValueError(f"PAGEDLLAMA_MODELS_DIR={models_dir}: no .gguf file there")
     _partition_threads(models)
+    budget, source = memory_budget_from_env()
     return Settings(models, _env("LOG_LEVEL", "info"), os.environ.get("PAGEDLLAMA_API_KEY"),
                     edge_from_env(models), int(_env("MAX_N", "8")),
-                    _flag("ELASTIC_THREADS", True), _flag("REPACK_WEIGHTS", False))
+                    _flag("ELASTIC_THREADS", True), _flag("REPACK_WEIGHTS", False),
+                    budget, source, float(_env("LOAD_TIMEOUT", "300")))
+
+
+_UNITS = {"": 1, "b": 1, "k": 1024, "kb": 1000, "kib": 1024, "m": 1024**2, "mb": 1000**2,
+          "mib": 1024**2, "g": 1024**3, "gb": 1000**3, "gib": 1024**3, "t": 1024**4,
+          "tb": 1000**4, "tib": 1024**4}
+DEFAULT_BUDGET_SHARE = 0.75
+
+
+def parse_bytes(text: str, name: str) -> int:
+    """A size in bytes: `8GiB`, `512 MiB`, `1.5G` (K, M, G, T and KiB... are powers of 1024;
+    KB, MB, GB, TB powers of 1000), or plain bytes."""
+    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]*)?)\s*([a-zA-Z]*)\s*", text)
+    if not m or m.group(2).lower() not in _UNITS:
+        raise ValueError(f"{name}={text!r}: expected bytes, e.g. 8GiB, 512MiB or 1073741824")
+    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
+def available_memory() -> int:
+    """Memory this process could still take: the machine's available memory, or less where a
+    cgroup (a container's limit) leaves less."""
+    import psutil
+
+    available = psutil.virtual_memory().available
+    try:
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        if limit != "max":
+            used = int(Path("/sys/fs/cgroup/memory.current").read_text())
+            available = min(available, int(limit) - used)
+    except (OSError, ValueError):
+        pass
+    return max(0, available)
+
+
+def memory_budget_from_env() -> tuple[int, str]:
+    """PAGEDLLAMA_MEMORY_BUDGET: bytes (with a unit), or a share of the available memory
+    (`60%`); default 75 % of the memory available at start-up."""
+    raw = _env("MEMORY_BUDGET", "").strip()
+    if raw.endswith("%"):
+        try:
+            share = float(raw[:-1]) / 100
+        except ValueError:
+            share = -1.0
+        if not 0 < share <= 1:
+            raise ValueError(f"PAGEDLLAMA_MEMORY_BUDGET={raw!r}: a share must be in (0%, 100%]")
+        return int(available_memory() * share), f"{raw} of the available memory"
+    if raw:
+        budget = parse_bytes(raw, "PAGEDLLAMA_MEMORY_BUDGET")
+        if budget <= 0:
+            raise ValueError("PAGEDLLAMA_MEMORY_BUDGET must be more than 0 bytes")
+        return budget, "PAGEDLLAMA_MEMORY_BUDGET"
+    return (int(available_memory() * DEFAULT_BUDGET_SHARE),
+            f"{DEFAULT_BUDGET_SHARE:.0%} of the available memory")
+
+
+_DURATION = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ms|s|m|h)")
+
+
+def parse_keep_alive(value: object, where: str) -> float:
+    """A keep-alive in seconds: a number, or Ollama's duration strings (`"10m"`, `"1h30m"`,
+    `"45s"`, `"-1"`). Negative: never unload; 0: unload as soon as idle."""
+    if isinstance(value, bool):
+        raise ValueError(f"{where}: expected seconds or a duration such as \"5m\"")
+    if isinstance(value, (int, float)):
+        try:
+            seconds = float(value)
+        except OverflowError:
+            seconds = math.inf
+    elif isinstance(value, str):
+        text = value.strip()
+        try:
+            seconds = float(text)
+        except ValueError:
+            body = text.removeprefix("-")   # one sign for the whole duration, as Go's
+            parts = _DURATION.findall(body)
+            if not parts or "".join(n + u for n, u in parts) != body:
+                raise ValueError(f"{where}: {value!r:.40} is not seconds or a duration such as "
+                                 "\"5m\", \"1h30m\" or \"-1\"") from None
+            scale = {"ms": 0.001, "s": 1, "m": 60, "h": 3600}
+            seconds = sum(float(n) * scale[u] for n, u in parts)
+            seconds = -seconds if text.startswith("-") else seconds
+    else:
+        raise ValueError(f"{where}: expected seconds or a duration such as \"5m\"")
+    if not math.isfinite(seconds):
+        raise ValueError(f"{where}: {value!r:.40} is not a finite duration")
+    return -1.0 if seconds < 0 else seconds
 
 
 def default_max_body_bytes(models: list[ModelSpec]) -> int:
@@ -133,7 +236,37 @@ _ALIASES = {"context_size": "n_ctx", "ctx_size": "n_ctx", "sequences": "max_seqs
             "threads": "n_threads"}
 
 
-def _models_from_file(path: Path, base: EngineConfig) -> list[ModelSpec]:
+SPLIT_PART = re.compile(r"-(\d{5})-of-(\d{5})$")
+
+
+def _models_from_dir(folder: Path, base: EngineConfig, keep_alive: float,
+                     listed: list[ModelSpec]) -> list[ModelSpec]:
+    """PAGEDLLAMA_MODELS_DIR: every .gguf file in the folder, named by its file name (without
+    .gguf; a split model by its first part, without the -00001-of-0000N). Files the models file
+    already lists are left to it; projector files (mmproj-*) are not models of their own."""
+    if not folder.is_dir():
+        raise ValueError(f"PAGEDLLAMA_MODELS_DIR={folder}: not a folder")
+    taken = {s.path.resolve() for s in listed}
+    names = {s.name for s in listed}
+    specs = []
+    for path in sorted(folder.glob("*.gguf")):
+        stem = model_name(path)
+        part = SPLIT_PART.search(stem)
+        if part and int(part.group(1)) != 1 or stem.lower().startswith("mmproj"):
+            continue
+        if path.resolve() in taken:
+            continue
+        name = SPLIT_PART.sub("", stem)
+        if name in names:
+            raise ValueError(f"PAGEDLLAMA_MODELS_DIR: {path.name} would be served as {name!r}, "
+                             "a name the models file already gives another model")
+        names.add(name)
+        specs.append(ModelSpec(name, path, base, keep_alive=keep_alive))
+    return specs
+
+
+def _models_from_file(path: Path, base: EngineConfig,
+                      keep_alive: float = 300.0) -> list[ModelSpec]:
     import yaml
 
     doc = yaml.safe_load(path.read_text()) or {}
@@ -152,6 +285,11 @@ def _models_from_file(path: Path, base: EngineConfig) -> list[ModelSpec]:
         if not model_path.is_absolute():
             model_path = (path.parent / model_path).resolve()
         contexts = int(entry.pop("contexts", 1))
+        pin = entry.pop("pin", False)
+        if not isinstance(pin, bool):
+            raise ValueError(f"{path}: models[{i}].pin must be true or false")
+        entry_keep_alive = parse_keep_alive(entry.pop("keep_alive", keep_alive),
+                                            f"{path}: models[{i}].keep_alive")
         gpu_layers = entry.pop("gpu_layers", None)
         chat_template = entry.pop("chat_template", None)
         if chat_template is not None:
@@ -166,8 +304,11 @@ def _models_from_file(path: Path, base: EngineConfig) -> list[ModelSpec]:
         unknown = set(overrides) - _ENGINE_KEYS
         if unknown:
             raise ValueError(f"{path}: models[{i}] has unknown keys {sorted(unknown)}")
+        if not model_path.is_file():
+            raise ValueError(f"{path}: models[{i}].path: no file {model_path}")
         specs.append(ModelSpec(name, model_path, replace(base, **overrides), contexts, defaults,
-                               None if gpu_layers is None else int(gpu_layers), chat_template))
+                               None if gpu_layers is None else int(gpu_layers), chat_template,
+                               pin, entry_keep_alive))
     return specs
 
 

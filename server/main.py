@@ -22,6 +22,7 @@ from server.config import load_settings
 from server.http import cors, errors, openapi, protocol
 from server.http.drain import Drain
 from server.http.edge import Edge
+from server.service.leases import ModelLeases
 from server.service.service import Service
 
 log = logging.getLogger("pagedllama.server")
@@ -50,6 +51,7 @@ async def lifespan(app: FastAPI):
     app.state.settings = settings
     service = Service(settings, _observer())
     service.start()
+    service.catalog.start_reaper()   # unloads models idle past their keep_alive
     app.state.service = service
     drain = app.state.drain = Drain(settings.edge.drain_seconds, service.end_all)
     if protocol.install(settings.edge):       # before the drain takes SIGTERM from uvicorn
@@ -91,7 +93,9 @@ errors.install(app)
 openapi.install(app)
 # Middleware: the last added runs first. CORS is outermost, so a preflight OPTIONS is answered
 # before the edge asks for an API key, and the edge's own 401/413/503 answers get CORS headers;
-# the edge then refuses (draining, key, body size) before any body is read or parsed.
+# the edge then refuses (draining, key, body size) before any body is read or parsed; inside
+# it, the models a request uses stay held until its answer has been sent.
+app.add_middleware(ModelLeases)   # a request holds its models until its exchange ends
 app.add_middleware(Edge)
 cors.install(app, cors.origins_from_env())
 app.include_router(openai.router, dependencies=[Depends(require_api_key)])

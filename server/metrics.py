@@ -154,6 +154,7 @@ class MetricsObserver(Observer):
         self.window = RecentWindow()
         self.started = time.time()
         self._workers: Callable[[], list[Worker]] = list
+        self._catalog: Callable[[], object | None] = lambda: None
         self._by_worker: dict[str, _ModelMetrics] = {}
         r, lab = self.registry, [MODEL]
         self.prompt_tokens = Counter(PREFIX + "prompt_tokens", "Prefill tokens processed "
@@ -187,6 +188,13 @@ class MetricsObserver(Observer):
 
     def workers(self) -> list[Worker]:
         return self._workers()
+
+    def watch_catalog(self, catalog: Callable[[], object | None]) -> None:
+        """Where the model gauges read from (server/service/models.py's Models)."""
+        self._catalog = catalog
+
+    def catalog(self):
+        return self._catalog()
 
     def _of(self, worker: Worker) -> _ModelMetrics:
         m = self._by_worker.get(worker.name)
@@ -252,6 +260,7 @@ class MetricsObserver(Observer):
             "itl_s": self.window.percentiles("itl", now),
             **self.process.summary(),
             "models": {name: _model_json(s) for name, s in states.items()},
+            **_catalog_json(self.catalog()),
         }
 
 
@@ -261,6 +270,27 @@ def _model_json(s: ModelState) -> dict:
             "kv_total_blocks": s.kv_total_blocks, "prefix_cache_hit_rate": s.prefix_hit_rate,
             "num_preemptions": s.num_preemptions, "steps": s.steps, "threads": s.threads,
             "configured_threads": s.configured_threads, "thread_changes": s.thread_changes}
+
+
+def _catalog_json(catalog) -> dict:
+    """The catalogue for /stats and the dashboard: each model's state and memory, the budget,
+    and the latest loads and unloads."""
+    if catalog is None:
+        return {}
+    now = time.monotonic()
+    return {
+        "memory": catalog.memory(),
+        "catalog": [{"model": e.name, "state": str(e.state), "pinned": e.pinned,
+                     "keep_alive": e.keep_alive, "in_use": e.users,
+                     "idle_s": round(now - e.last_used, 1) if not e.users else 0.0,
+                     "estimate": e.estimate.total, "reserved": e.reserved,
+                     "measured": e.measured, "loads": e.loads,
+                     "unloads": sum(e.unloads.values()), "load_seconds": e.load_seconds}
+                    for e in catalog.entries.values()],
+        "lifecycle": [{"time": ev.time, "model": ev.model, "kind": ev.kind,
+                       "reason": ev.reason, "seconds": round(ev.seconds, 3),
+                       "memory_delta": ev.memory_delta} for ev in list(catalog.events)[-10:]],
+    }
 
 
 class ProcessStats:
@@ -332,7 +362,58 @@ class _StateCollector(Collector):
             threads.add_metric([model], s.threads)
             changes.add_metric([model], s.thread_changes)
         yield from (running, waiting, kv, queries, hits, preemptions, threads, changes)
+        yield from self._models()
         yield from self._process()
+
+    def _models(self):
+        """Per catalogued model: its state, memory (estimate, counted, measured), loads,
+        unloads by reason and time spent loading; the memory budget and what it counts."""
+        catalog = self.observer.catalog()
+        if catalog is None:
+            return
+        state = GaugeMetricFamily(PREFIX + "model_state", "1 for the state a catalogued model is "
+                                  "in now (unloaded, loading, loaded, unloading), 0 for the "
+                                  "others.", labels=[MODEL, "state"])
+        estimate = GaugeMetricFamily(PREFIX + "model_memory_estimate_bytes", "A model's "
+                                     "memory estimate from its GGUF header and settings "
+                                     "(weights, KV, buffers, swap allowance).", labels=[MODEL])
+        reserved = GaugeMetricFamily(PREFIX + "model_memory_reserved_bytes", "Memory counted "
+                                     "against the budget for a model now (0 while unloaded; "
+                                     "plus its embedding context once used).", labels=[MODEL])
+        measured = GaugeMetricFamily(PREFIX + "model_memory_measured_bytes", "The process's "
+                                     "resident memory change across a model's last load.",
+                                     labels=[MODEL])
+        loads = CounterMetricFamily(PREFIX + "model_loads", "Loads of a model.", labels=[MODEL])
+        unloads = CounterMetricFamily(PREFIX + "model_unloads", "Unloads of a model, by reason "
+                                      "(idle, room, asked, shutdown).",
+                                      labels=[MODEL, "reason"])
+        load_time = CounterMetricFamily(PREFIX + "model_load_seconds", "Time spent loading a "
+                                        "model.", labels=[MODEL])
+        last_load = GaugeMetricFamily(PREFIX + "model_last_load_seconds", "How long a model's "
+                                      "last load took.", labels=[MODEL])
+        for e in catalog.entries.values():
+            for s in ("unloaded", "loading", "loaded", "unloading"):
+                state.add_metric([e.name, s], 1.0 if str(e.state) == s else 0.0)
+            estimate.add_metric([e.name], e.estimate.total)
+            reserved.add_metric([e.name], e.reserved)
+            if e.measured is not None:
+                measured.add_metric([e.name], e.measured)
+            loads.add_metric([e.name], e.loads)
+            for reason, n in e.unloads.items():
+                unloads.add_metric([e.name, reason], n)
+            load_time.add_metric([e.name], e.load_seconds_total)
+            if e.load_seconds is not None:
+                last_load.add_metric([e.name], e.load_seconds)
+        yield from (state, estimate, reserved, measured, loads, unloads, load_time, last_load)
+        memory = catalog.memory()
+        yield GaugeMetricFamily(PREFIX + "memory_budget_bytes", "The memory the loaded models "
+                                "may take together (PAGEDLLAMA_MEMORY_BUDGET).",
+                                value=memory["budget"])
+        yield GaugeMetricFamily(PREFIX + "memory_reserved_bytes", "Memory counted against the "
+                                "budget now (the loaded and loading models' estimates).",
+                                value=memory["reserved"])
+        yield GaugeMetricFamily(PREFIX + "process_base_memory_bytes", "This process's resident "
+                                "memory before any model was loaded.", value=memory["base"])
 
     def _process(self):
         p = self.observer.process

@@ -358,3 +358,27 @@ def test_guidellm_pairs_command_order_and_summary():
     assert rows[1]["ratios"] == [1.0, 0.9] and rows[1]["a_tok_s"] == 95.0
     text = table(rows, runs, {"A": "ours", "B": "llama-server"})
     assert "0.80 1.00" in text and "0.900x" in text and "10.0, 10.0" in text
+
+
+def test_models_kv_compares_q8_0_with_f16_per_token(tmp_path):
+    out = tmp_path / "kv.json"
+    proc = bench("models", "kv", "--kv-tokens", "4", "--result-file", str(out))
+    r = json.loads(out.read_text())
+    f16, q8 = r["memory"]["f16"], r["memory"]["q8_0"]
+    assert q8["seqs_per_gib"] == pytest.approx(f16["seqs_per_gib"] * 32 / 17)
+    quality = r["quality"]
+    assert quality["prompts"] == 16 and 0 <= quality["same_answers"] <= 16
+    assert 0 <= quality["kl_mean"] <= quality["kl_max"] and 0 < quality["token_agreement"] <= 1
+    assert "KL mean" in proc.stdout
+
+
+def test_models_lifecycle_times_loads_and_unloads_cold_and_warm(tmp_path):
+    out = tmp_path / "lifecycle.json"
+    bench("models", "lifecycle", "--repeats", "1", "--parallel", "2", "--n-ctx", "256",
+          "--peer-bin", "/nonexistent/llama-server", "--result-file", str(out), timeout=600)
+    rows = json.loads(out.read_text())["rows"]
+    assert {(r["model"], r["page_cache"]) for r in rows} == {
+        (m, c) for m in ("SmolLM2-135M-Instruct.Q4_1", "gemma-3-270m-q4_k_m")
+        for c in ("cold", "warm")}
+    assert all(r["server"] == "ours" and r["load_s"] > 0 and r["unload_s"] > 0
+               and r["request_that_loads_s"] > 0 and 0 <= r["cached_share"] <= 1 for r in rows)

@@ -74,9 +74,9 @@ def expected_ranges(worker):
     return ranges
 
 
-@pytest.mark.parametrize("unified", [False, True])
-def test_manager_view_agrees_with_llama_cpp_after_a_mixed_workload(model, unified):
-    worker = make_worker(model, kv_unified=unified, n_ctx=512, cache_seqs=4)
+@pytest.mark.parametrize("unified,cache_seqs", [(False, 4), (True, 4), (False, 0)])
+def test_manager_view_agrees_with_llama_cpp_after_a_mixed_workload(model, unified, cache_seqs):
+    worker = make_worker(model, kv_unified=unified, n_ctx=512, cache_seqs=cache_seqs)
     try:
         rng = random.Random(7)
         systems = [SYSTEM, "Be kind. " * 20, "Reply in one word. " * 12]
@@ -103,11 +103,15 @@ def test_manager_view_agrees_with_llama_cpp_after_a_mixed_workload(model, unifie
 
 
 @cpu_exact
-def test_greedy_outputs_are_identical_with_prefix_caching_on_and_off(model):
+# cache_seqs 0 (the default): the idle streams hold the cache; 4 sequences for 6 prompts, so
+# finished ones give their seq ids up to waiting ones
+@pytest.mark.parametrize("cache_seqs,max_seqs", [(8, 8), (0, 4)])
+def test_greedy_outputs_are_identical_with_prefix_caching_on_and_off(model, cache_seqs, max_seqs):
     prompts = [chat_prompt(model, q) for q in QUESTIONS]
     answers = {}
     for caching in (False, True):
-        worker = make_worker(model, prefix_caching=caching)
+        worker = make_worker(model, prefix_caching=caching, cache_seqs=cache_seqs,
+                             max_seqs=max_seqs)
         try:
             first = run_all(worker, prompts[:2])           # warms the cache when it is on
             rest = run_all(worker, prompts)                 # concurrent, sharing the system prompt

@@ -13,7 +13,7 @@ from typing import Any
 from pydantic import ConfigDict, Field
 
 from server.http.errors import APIError
-from server.openai.schemas import INT32_MAX, INT64_MAX, Body, Bool, Float, Int
+from server.openai.schemas import INT32_MAX, INT64_MAX, Body, Bool, Float, Int, KeepAlive
 
 # Accepted and ignored: they label or route a request, or mark what to cache (our prefix cache
 # takes every prompt by itself), and never change its tokens.
@@ -47,6 +47,7 @@ class MessagesFields(Body):
     tool_choice: dict[str, Any] | None = None
     thinking: dict[str, Any] | None = None
     speed: str | None = None
+    keep_alive: KeepAlive = None   # this server's extension (Ollama's field)
 
 
 class MessagesRequest(MessagesFields):

@@ -37,7 +37,7 @@ def _thinks(lm: LoadedModel) -> bool:
 async def create_message(body: MessagesRequest, http: HTTPRequest):
     check_fields(body)
     svc: Service = http.app.state.service
-    lm = svc.get(body.model)
+    lm = await svc.get(body.model, http, body.keep_alive)
     if body.max_tokens == 0:
         raise unsupported("max_tokens", "0 (filling the cache without an answer) is not served "
                           "here: our prefix cache keeps every prompt it computes anyway")
@@ -67,7 +67,7 @@ async def count_tokens(body: CountTokensRequest, http: HTTPRequest) -> dict:
     thinking, tokenized: its exact length."""
     check_fields(body)
     svc: Service = http.app.state.service
-    lm = svc.get(body.model)
+    lm = await svc.get(body.model, http, body.keep_alive)
     messages, prefill = to_chat(body)
     tools = tools_of(body)
     ask = thinking_of(body, lm.name, _thinks(lm))

@@ -17,7 +17,7 @@ from server.api.models import check_tokens
 from server.http.errors import APIError
 from server.http.openapi import ERROR_RESPONSES
 from server.openai.fields import check_fields
-from server.openai.schemas import Body, Int
+from server.openai.schemas import Body, Int, KeepAlive
 from server.service.models import LoadedModel
 from server.service.service import Service
 
@@ -32,6 +32,7 @@ class EmbeddingRequest(Body):
 
     model: str
     input: str | list[str] | list[Int] | list[list[Int]]
+    keep_alive: KeepAlive = None   # Ollama's field: seconds the model stays loaded once idle
     encoding_format: Literal["float", "base64"] | None = None   # None: float
     dimensions: Int | None = Field(None, ge=1)
 
@@ -77,11 +78,12 @@ def _encode(vec: np.ndarray, fmt: str) -> list[float] | str:
 async def embeddings(body: EmbeddingRequest, http: HTTPRequest) -> dict:
     check_fields(body, frozenset())
     svc: Service = http.app.state.service
-    lm = svc.get(body.model)
+    lm = await svc.get(body.model, http, body.keep_alive)
     if body.dimensions is not None and body.dimensions != lm.embedder.n_embd:
         raise APIError(400, f"dimensions must be {lm.embedder.n_embd} for '{lm.name}' (vectors "
                        "are not truncated)", "unsupported_parameter", "dimensions")
     inputs = await _inputs(svc, lm, body.input, http)
+    await svc.reserve_embedding(lm)   # its context counts against the memory budget
     loop = asyncio.get_running_loop()
     vectors = await loop.run_in_executor(lm.embed_executor,
                                          lambda: [lm.embedder.embed(t) for t in inputs])

@@ -1,19 +1,21 @@
-"""Routes about one model and its vocabulary: GET /v1/models/{id} (OpenAI's model object),
-POST /tokenize and POST /detokenize (llama-server's shapes; `model` optional, default the first
-served model)."""
+"""Routes about one model and its vocabulary: GET /v1/models/{id} (OpenAI's model object, with
+the model's state and memory), POST /models/{id}/load and /models/{id}/unload, POST /tokenize
+and POST /detokenize (llama-server's shapes; `model` optional, default the first loaded model,
+else the first catalogued)."""
 from __future__ import annotations
 
 import asyncio
 
 from fastapi import APIRouter
 from fastapi import Request as HTTPRequest
+from fastapi.responses import JSONResponse
 from pydantic import ConfigDict, Field
 
 from server.http.errors import APIError
 from server.http.openapi import ERROR_RESPONSES
 from server.openai.fields import check_fields
 from server.openai.schemas import Body, Bool, Int
-from server.service.models import LoadedModel
+from server.service.models import Entry, LoadedModel, State
 from server.service.service import Service
 
 router = APIRouter(responses=ERROR_RESPONSES)
@@ -37,20 +39,35 @@ class DetokenizeRequest(Body):
     tokens: list[Int] = Field(default_factory=list)
 
 
-def model_object(lm: LoadedModel) -> dict:
-    return {"id": lm.name, "object": "model", "created": lm.created, "owned_by": "pagedllama",
-            "max_model_len": lm.max_seq_len, "contexts": len(lm.workers),
-            "tool_format": lm.tool_format,
-            "thinks": lm.template is not None and lm.template.thinks,
-            "chat_template": None if lm.template is None else
-            "file" if lm.spec.chat_template is not None else "gguf",
-            "gguf": lm.facts}
+def model_object(entry: Entry) -> dict:
+    """OpenAI's model object, and this server's fields: the state (loaded, loading, unloaded,
+    unloading), memory (the estimate by part, what is counted against the budget now, and the
+    process's memory change its last load measured), loads, and what its chat template does
+    (tool_format, thinks)."""
+    lm, spec = entry.loaded if entry.state is State.LOADED else None, entry.spec
+    return {"id": entry.name, "object": "model",
+            "created": lm.created if lm else int(spec.path.stat().st_mtime),
+            "owned_by": "pagedllama", "state": entry.state, "pinned": entry.pinned,
+            "keep_alive": entry.keep_alive, "memory": entry.memory(),
+            "loads": entry.loads, "load_seconds": entry.load_seconds,
+            "max_model_len": lm.max_seq_len if lm else spec.engine.n_ctx,
+            "contexts": spec.contexts, "tool_format": entry.tool_format,
+            "thinks": entry.thinks,
+            "chat_template": "file" if spec.chat_template is not None else
+            "gguf" if entry.facts.get("chat_template") else None,
+            "gguf": entry.facts}
 
 
-def pick_model(http: HTTPRequest, name: str | None) -> LoadedModel:
-    """The named model, or the first served one when no name is given."""
+async def pick_model(http: HTTPRequest, name: str | None) -> LoadedModel:
+    """The named model (loaded if need be), or the default one when no name is given."""
     svc: Service = http.app.state.service
-    return svc.get(name if name is not None else next(iter(svc.models)))
+    return await svc.get(name if name is not None else svc.default_model(), http)
+
+
+def _catalog(http: HTTPRequest):
+    svc: Service = http.app.state.service
+    assert svc.catalog is not None, "started"
+    return svc.catalog
 
 
 def check_tokens(lm: LoadedModel, tokens: list[int], param: str = "tokens") -> None:
@@ -72,13 +89,35 @@ def _piece(lm: LoadedModel, token: int) -> str | list[int]:
 
 @router.get("/v1/models/{model_id:path}")
 async def get_model(model_id: str, http: HTTPRequest) -> dict:
-    return model_object(pick_model(http, model_id))
+    return model_object(_catalog(http).entry(model_id))
+
+
+@router.post("/models/{model_id:path}/load")
+async def load_model(model_id: str, http: HTTPRequest) -> dict:
+    """Load a catalogued model now (as its first request would), and answer once it is loaded:
+    a 503 with Retry-After when the models that could make room are busy, a 400 when it alone
+    exceeds the memory budget. It then unloads after its keep_alive like any other."""
+    svc: Service = http.app.state.service
+    await svc.get(model_id, http, reason="POST /models/{id}/load")
+    return model_object(_catalog(http).entry(model_id))
+
+
+@router.post("/models/{model_id:path}/unload")
+async def unload_model(model_id: str, http: HTTPRequest):
+    """Unload a model: at once when no request uses it (200), else as soon as its requests
+    have finished (202; new requests are still served meanwhile). A pinned model is a 409."""
+    catalog = _catalog(http)
+    entry = catalog.entry(model_id)
+    now = catalog.unload(entry, "unload asked for (POST /models/{id}/unload)")
+    if now and entry.task is not None:
+        await asyncio.shield(entry.task)
+    return JSONResponse(model_object(entry), status_code=200 if now else 202)
 
 
 @router.post("/tokenize")
 async def tokenize(body: TokenizeRequest, http: HTTPRequest) -> dict:
     check_fields(body, frozenset())
-    lm = pick_model(http, body.model)
+    lm = await pick_model(http, body.model)
     svc: Service = http.app.state.service
     tokens = await svc.prepare(lm, len(body.content), http, lambda: lm.model.tokenize(
         body.content, body.add_special, body.parse_special))
@@ -90,7 +129,7 @@ async def tokenize(body: TokenizeRequest, http: HTTPRequest) -> dict:
 @router.post("/detokenize")
 async def detokenize(body: DetokenizeRequest, http: HTTPRequest) -> dict:
     check_fields(body, frozenset())
-    lm = pick_model(http, body.model)
+    lm = await pick_model(http, body.model)
     check_tokens(lm, body.tokens)
     # control tokens as their text, as llama-server does: /tokenize parses them back
     return {"content": await asyncio.to_thread(lm.model.detokenize, body.tokens, True)}

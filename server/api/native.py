@@ -24,21 +24,34 @@ public = APIRouter()
 
 @public.get("/health")
 async def health(http: HTTPRequest):
+    """Every catalogued model with its state and memory (a loaded one with its contexts), and
+    the memory budget: `budget`, `reserved` (counted against it now), `process` (this
+    process's resident memory) and `base` (its memory before any model was loaded)."""
     svc: Service | None = getattr(http.app.state, "service", None)
-    if svc is None or not svc.models:
+    if svc is None or svc.catalog is None:
         return JSONResponse({"status": "loading", "models": {}}, status_code=503)
     if http.app.state.drain.draining:   # a load balancer stops routing here
         return JSONResponse({"status": "draining", "models": {}}, status_code=503)
-    models = {name: {"loaded": True, "on_gpu": lm.model.on_gpu,
-                     "flash_attn": lm.workers[0].config.flash_attn,
-                     "attention": lm.workers[0].context.attention or "plain",
-                     "step_target_ms": lm.workers[0].config.step_target_ms,
-                     "prefill_chunk": lm.workers[0].config.prefill_chunk,
-                     "max_batch_tokens": lm.workers[0].config.max_batch_tokens,
-                     "kv_type": lm.spec.engine.kv_type, "kv_unified": lm.spec.engine.kv_unified,
-                     "contexts": [asdict(w.snapshot()) for w in lm.workers]}
-              for name, lm in svc.models.items()}
-    return {"status": "ok", "models": models}
+    models = {}
+    for name, entry in svc.catalog.entries.items():
+        lm = svc.models.get(name)
+        about = {"loaded": lm is not None, "state": entry.state, "pinned": entry.pinned,
+                 "keep_alive": entry.keep_alive, "in_use": entry.users,
+                 "memory": entry.memory(), "loads": entry.loads, "unloads": entry.unloads,
+                 "load_seconds": entry.load_seconds, "unload_seconds": entry.unload_seconds,
+                 "error": entry.error}
+        if lm is not None:
+            about |= {"on_gpu": lm.model.on_gpu,
+                      "flash_attn": lm.workers[0].config.flash_attn,
+                      "attention": lm.workers[0].context.attention or "plain",
+                      "step_target_ms": lm.workers[0].config.step_target_ms,
+                      "prefill_chunk": lm.workers[0].config.prefill_chunk,
+                      "max_batch_tokens": lm.workers[0].config.max_batch_tokens,
+                      "kv_type": lm.spec.engine.kv_type, "kv_unified": lm.spec.engine.kv_unified,
+                      "cache_seqs": lm.workers[0].config.n_seq_max - lm.spec.engine.max_seqs,
+                      "contexts": [asdict(w.snapshot()) for w in lm.workers]}
+        models[name] = about
+    return {"status": "ok", "memory": svc.catalog.memory(), "models": models}
 
 
 @router.post("/generate_stream", response_class=EventStream, responses=STREAM_ONLY)
@@ -55,7 +68,7 @@ async def generate_stream(body: GenerateRequest, http: HTTPRequest):
     if body.stream_options is not None:
         raise unsupported("stream_options", "is not supported: the done event carries the counts")
     svc: Service = http.app.state.service
-    lm = svc.get(body.model or next(iter(svc.models)))
+    lm = await svc.get(body.model or svc.default_model(), http, body.keep_alive)
     if lm.template is not None and not body.raw:   # an instruction, as a one-message chat
         prompt = await svc.chat_prompt(lm, [{"role": "user", "content": body.prompt}],
                                        body.max_tokens, http, param="prompt")

@@ -24,6 +24,7 @@ def _observer(http: HTTPRequest) -> MetricsObserver | None:
     if not isinstance(obs, MetricsObserver):
         return None
     obs.watch(lambda: svc.workers)
+    obs.watch_catalog(lambda: svc.catalog)
     return obs
 
 

@@ -37,14 +37,17 @@ def service(http: HTTPRequest) -> Service:
 
 @router.get("/models")
 async def list_models(http: HTTPRequest) -> dict:
-    return {"object": "list", "data": [model_object(lm) for lm in service(http).models.values()]}
+    """Every catalogued model, loaded or not, with its state and memory."""
+    catalog = service(http).catalog
+    assert catalog is not None, "started"
+    return {"object": "list", "data": [model_object(e) for e in catalog.entries.values()]}
 
 
 @router.post("/chat/completions", responses=STREAMED)
 async def chat_completions(body: ChatCompletionRequest, http: HTTPRequest):
     check_fields(body, UNSUPPORTED_CHAT)
     svc = service(http)
-    lm = svc.get(body.model)
+    lm = await svc.get(body.model, http, body.keep_alive)
     _check_n(body, svc, lm)
     try:
         messages = [{**m.model_dump(exclude_none=True), "content": m.text()} for m in body.messages]
@@ -77,7 +80,7 @@ async def chat_completions(body: ChatCompletionRequest, http: HTTPRequest):
 async def completions(body: CompletionRequest, http: HTTPRequest):
     check_fields(body, UNSUPPORTED_COMPLETION)
     svc = service(http)
-    lm = svc.get(body.model)
+    lm = await svc.get(body.model, http, body.keep_alive)
     _check_n(body, svc, lm)
     prompts_in = _prompt_list(body.prompt)
     if len(prompts_in) * body.n > lm.spec.engine.max_seqs + lm.spec.engine.max_queue:

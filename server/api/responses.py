@@ -30,7 +30,7 @@ router = APIRouter(prefix="/v1", responses=ERROR_RESPONSES)
 async def create_response(body: ResponsesRequest, http: HTTPRequest):
     reject_unsupported(body)
     svc: Service = http.app.state.service
-    lm = svc.get(body.model)
+    lm = await svc.get(body.model, http, body.keep_alive)
     use, grammar = constraints(body, lm.model)
     max_tokens = body.max_output_tokens or body.max_tokens
     prompt = await svc.chat_prompt(lm, to_messages(body), max_tokens, http, use=use)

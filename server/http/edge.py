@@ -28,14 +28,15 @@ OBSERVABILITY = ("/metrics", "/stats", "/dashboard", "/docs", "/docs/oauth2-redi
 
 
 # Outside /v1/: the other routes behind PAGEDLLAMA_API_KEY (native generation, llama-server's
-# tokenizer routes). /health and the router probes (server/api/router_info.py) are not API routes:
-# open, never refused while draining (a load balancer reads /health's "draining").
+# tokenizer routes, loading and unloading models: /models/...). /health and the router probes
+# (server/api/router_info.py) are not API routes: open, never refused while draining (a load
+# balancer reads /health's "draining").
 NATIVE_API = frozenset({"/generate_stream", "/tokenize", "/detokenize"})
 
 
 def is_api(path: str) -> bool:
     """Routes that need the API key, are refused while draining, and are counted by the drain."""
-    return path.startswith("/v1/") or path in NATIVE_API
+    return path.startswith(("/v1/", "/models/")) or path in NATIVE_API
 
 
 def needs_key(path: str, key: str | None, limits: EdgeLimits) -> bool:

@@ -14,8 +14,10 @@ import json
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
+
+from server.config import parse_keep_alive
 
 INT32_MAX = 2**31 - 1
 INT64_MAX = 2**63 - 1
@@ -24,6 +26,16 @@ Int = Annotated[int, Field(strict=True)]
 Bool = Annotated[bool, Field(strict=True)]
 Float = Annotated[float, Field(strict=True, allow_inf_nan=False)]   # ints are still accepted
 TokenId = Annotated[int, Field(strict=True, ge=0, le=INT32_MAX)]
+
+
+
+def _keep_alive(value: Any) -> float | None:
+    return None if value is None else parse_keep_alive(value, "keep_alive")
+
+
+# Ollama's keep_alive, accepted as an extension: how long the model stays loaded once idle
+# (seconds, or "10m", "1h"; negative: until unloaded by hand; 0: unloaded when idle)
+KeepAlive = Annotated[float | None, BeforeValidator(_keep_alive)]
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
@@ -87,6 +99,8 @@ class SamplingFields(Body):
     stream_options: StreamOptions | None = None
     priority: Int = Field(0, ge=-INT64_MAX, le=INT64_MAX)
     timeout: Float | None = Field(None, gt=0.0, description="seconds before the request is ended")
+    keep_alive: KeepAlive = Field(None, description="seconds (or \"5m\", \"1h\") the model "
+                                  "stays loaded once idle; negative: until unloaded")
     # structured output (server/openai/structured.py): OpenAI's, and llama-server's two fields
     response_format: dict[str, Any] | None = None
     json_schema: dict[str, Any] | None = None

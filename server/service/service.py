@@ -1,7 +1,8 @@
 """One request's life cycle: its prompt rendered and tokenized on the prompt pool (counted by
 admission control), its choices submitted to a context of its model, its events streamed or
 collected, and its end (finished, cancelled when the client leaves, or ended by a drain).
-The models and their contexts are loaded by server/service/models.py."""
+The models (the catalogue, loaded on demand within the memory budget) are kept by
+server/service/models.py."""
 from __future__ import annotations
 
 import asyncio
@@ -29,7 +30,8 @@ from server.chat.tools import ToolUse, prompt_input
 from server.config import Settings
 from server.http.errors import APIError
 from server.openai.schemas import SamplingFields
-from server.service.models import LoadedModel, close_models, load_models
+from server.service.leases import hold
+from server.service.models import LoadedModel, Models
 from server.service.prompts import PromptPool
 from server.service.routing import pick_replica
 
@@ -118,29 +120,54 @@ class Live:
 class Service:
     def __init__(self, settings: Settings, observer: Observer | None = None):
         self.settings, self.observer = settings, observer
-        self.models: dict[str, LoadedModel] = {}
+        self.catalog: Models | None = None
         self.pool = PromptPool()
         self.live: set[Live] = set()
         self.closing = False      # set once a drain has ended what ran: nothing new starts
         self.shutdown_message = ""
 
     def start(self) -> None:
-        self.models = load_models(self.settings, self.observer)
+        """Read the catalogue and load the pinned models (not on the event loop's time: the
+        server answers nothing before this returns)."""
+        self.catalog = Models(self.settings, self.observer)
+        self.catalog.start()
 
     def stop(self) -> None:
         self.pool.close()
-        close_models(self.models)
+        if self.catalog is not None:
+            self.catalog.close()
+
+    @property
+    def models(self) -> dict[str, LoadedModel]:
+        """The models loaded now, by name."""
+        return self.catalog.loaded if self.catalog is not None else {}
 
     @property
     def workers(self) -> list[Worker]:
         return [w for lm in self.models.values() for w in lm.workers]
 
-    def get(self, name: str | None) -> LoadedModel:
-        lm = self.models.get(name or "")
-        if lm is None:
-            raise APIError(404, f"The model '{name}' does not exist. Available: "
-                           f"{', '.join(self.models)}", "model_not_found", "model")
-        return lm
+    def default_model(self) -> str:
+        """The model a request that names none gets: the first loaded, else the first
+        catalogued."""
+        assert self.catalog is not None, "started"
+        return next(iter(self.models), next(iter(self.catalog.entries)))
+
+    async def get(self, name: str | None, http: HTTPRequest, keep_alive: float | None = None,
+                  reason: str = "request") -> LoadedModel:
+        """The named model, loaded (waiting for its load if need be), held by this request
+        until its exchange ends. `keep_alive`: the request's (Ollama's field), in seconds;
+        `reason`: why it loads, for the log."""
+        assert self.catalog is not None, "started"
+        entry = self.catalog.entry(name)
+        self._refuse_when_closing()
+        hold(http.scope, self.catalog.lease(entry, keep_alive))
+        return await self.catalog.loaded_model(entry, http.is_disconnected, reason)
+
+    async def reserve_embedding(self, lm: LoadedModel) -> None:
+        """Count a model's embedding context against the memory budget before its first use
+        (may unload idle models to make room; a 503 when it cannot)."""
+        assert self.catalog is not None, "started"
+        await self.catalog.reserve_embedding(self.catalog.entry(lm.name))
 
     # ---- prompts --------------------------------------------------------------------------------
     # Every rendering and tokenization of client text runs here, on the bounded prompt pool

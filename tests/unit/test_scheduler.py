@@ -223,6 +223,32 @@ def test_preempted_sequence_resumes_and_sees_the_same_kv(mode):
     assert a.tokens[4:] == b.tokens[4:] == [1000 + i for i in range(10)]
 
 
+@pytest.mark.parametrize("bound", [0, 6, None])
+def test_swap_keeps_at_most_its_bound_of_tokens_in_ram_and_recomputes_beyond_it(bound):
+    """A priority request preempts a running one twice over: with room for its state in the
+    swap bound it is swapped out (its tokens saved), beyond it recomputed; the books of the
+    swapped tokens end balanced and the answer is the same either way."""
+    sched, kv = make("priority", max_seqs=1)
+    sched.max_swapped_tokens = bound
+    bulk = seq(3, max_tokens=30, priority=10)
+    sched.add(bulk)
+    step(sched, kv)
+    step(sched, kv)                              # 3 prompt tokens + 2 generated: 4 computed
+    vip = seq(3, max_tokens=2, priority=0, base=100)
+    sched.add(vip)
+    plan = step(sched, kv)
+    saved = [op for op in plan.ops if isinstance(op, SaveOp)]
+    assert bulk.num_preemptions == 1
+    assert (len(saved) == 1) == (bound is None or bound >= 4)
+    assert sched.swapped_tokens == (4 if saved else 0)
+    for _ in range(100):
+        if not sched.has_work():
+            break
+        step(sched, kv)
+    assert bulk.tokens[3:] == [1000 + i for i in range(30)] and sched.swapped_tokens == 0
+    assert kv.saved == {}
+
+
 def test_priority_request_preempts_a_running_low_priority_one():
     sched, kv = make("priority", max_seqs=1)
     bulk = seq(3, max_tokens=30, priority=10)
@@ -438,7 +464,7 @@ def test_random_workloads_under_kv_pressure_end_with_balanced_books(policy, pree
             break
         step_and_check(sched, kv, list(seqs.values()), now, max_ops)
     assert all(s.status is Status.FINISHED for s in seqs.values())
-    assert sched.manager.num_used_blocks == 0 and kv.saved == {}
+    assert sched.manager.num_used_blocks == 0 and kv.saved == {} and sched.swapped_tokens == 0
 
 
 def test_merged_cells_take_a_lone_prompt_in_one_piece_and_keep_a_one_token_tail_apart():
