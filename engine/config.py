@@ -14,6 +14,10 @@ DEVICE_DEFAULTS = {"cpu": {"prefill_chunk": 16, "max_batch_tokens": 256},
                    "gpu": {"prefill_chunk": 256, "max_batch_tokens": 1024}}
 
 
+# draftless speculative decoding (engine/drafting.py, scheduler/speculation.py)
+SPECULATIVE = ("ngram", "off")
+
+
 @dataclass
 class EngineConfig:
     n_ctx: int = 2048                 # per sequence: the longest prompt + output
@@ -39,11 +43,17 @@ class EngineConfig:
     cache_seqs: int = 16              # extra llama.cpp seq ids that hold cached prefixes
     adaptive_threads: bool = True     # fewer threads while other processes use our cores
     thread_share: float = 1.0         # this context's part of the process's threads
+    speculative: str = "ngram"        # draftless speculative decoding: "ngram" or "off"
+    max_draft: int = 8                # drafted tokens a sequence may verify in one step
 
     def __post_init__(self):
         self.preemption = Preemption(self.preemption)
         if self.kv_type not in KV_TYPES:
             raise ValueError(f"KV cache type {self.kv_type!r}: one of {', '.join(KV_TYPES)}")
+        if self.speculative not in SPECULATIVE:
+            raise ValueError(f"speculative {self.speculative!r}: one of {', '.join(SPECULATIVE)}")
+        if self.max_draft < 1:
+            raise ValueError("max_draft must be at least 1")
         if self.kv_type != "f16" and self.flash_attn is False:
             raise ValueError(f"a {self.kv_type} KV cache needs flash attention (llama.cpp "
                              "quantizes V only for its flash-attention kernel)")

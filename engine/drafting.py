@@ -24,7 +24,7 @@ each sequence verifies in a step. Pure Python: no llama_cpp here.
 from __future__ import annotations
 
 from array import array
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 # n-gram sizes of prompt lookup, longest first: a longer match predicts better
@@ -123,6 +123,29 @@ def _key(ngram: Sequence[int]) -> int:
     return hash(tuple(ngram))
 
 
+def verify(draft: Sequence[int], sample: Callable[[int], int | None],
+           emit: Callable[[int | None], bool]) -> int:
+    """Check a draft against the model: for each position i (0: after the sequence's last
+    token, i: after draft[:i]) `sample(i)` draws the model's token from that position's
+    logits, as decoding one token at a time would, and `emit` appends it (True: the sequence
+    ended there). Drafted tokens are accepted while the draw equals them; the first draw that
+    differs (or the draw after a draft accepted whole) is the model's own next token. Returns
+    how many drafted tokens were accepted.
+
+    Greedy, this is the longest prefix of the draft the model agrees with, and its next token.
+    Sampled, it is the speculative sampling rule for a draft that puts all its probability on
+    x = draft[i]: accept x with probability min(1, p(x) / 1) = p(x) (the draw equals x), and on
+    a rejection draw from (p - 1_x)+ renormalized, p without x (the draw, given it is not x).
+    Every token emitted is distributed as the model's next token given the ones before it."""
+    accepted = 0
+    for i in range(len(draft) + 1):
+        token = sample(i)
+        if emit(token) or i == len(draft) or token != draft[i]:
+            break
+        accepted += 1
+    return accepted
+
+
 @dataclass
 class Acceptance:
     """A sequence's recent verifications: the chance that a drafted token is accepted given
@@ -169,7 +192,9 @@ class DraftState:
 
 class Drafter:
     """Drafts for the sequences of one context: each sequence's own index, then the shared
-    table. `max_tokens`: the most tokens one draft may hold."""
+    table. `max_tokens`: the most tokens one draft may hold. A new sequence's acceptance
+    starts from the context's recent one (on text that never repeats, new sequences start
+    low and draft only once their own drafts prove out)."""
 
     def __init__(self, max_tokens: int = 8, sizes: Sequence[int] = LOOKUP_SIZES,
                  shared_n: int = SHARED_NGRAM, shared_slots: int = SHARED_SLOTS,
@@ -177,13 +202,22 @@ class Drafter:
         self.max_tokens = max_tokens
         self.sizes = tuple(sizes)
         self.shared = SharedTable(shared_n, shared_slots) if shared else None
+        # the context's recent acceptance: a new sequence's prior (weighing two verifications)
+        self.prior = Acceptance(decay=0.9)
 
-    def start(self, tokens: Sequence[int]) -> DraftState:
-        """A new sequence: its prompt goes into the shared table at once (so that the answers
-        of requests running beside it may draft from it), its own index as it drafts."""
+    def start(self) -> DraftState:
+        """A new sequence's state. Its tokens go into the shared table (and its own index) when
+        it first drafts, and the rest of them when it ends (`finish`): a sequence that never
+        drafts (the steps were compute-bound) costs nothing."""
         state = DraftState(SequenceIndex(self.sizes))
-        self._share(state, tokens)
+        state.acceptance = Acceptance(prior_accepted=self.prior.rate * 2,
+                                      prior_rejected=(1 - self.prior.rate) * 2)
         return state
+
+    def finish(self, state: DraftState, tokens: Sequence[int]) -> None:
+        """A sequence ended: the rest of its tokens go into the shared table, if it drafted."""
+        if state.shared_from:
+            self._share(state, tokens)
 
     def draft(self, state: DraftState, tokens: Sequence[int], k: int | None = None) -> list[int]:
         """Up to k (default max_tokens) tokens that may follow `tokens` (the sequence's prompt
@@ -201,6 +235,7 @@ class Drafter:
     def observe(self, state: DraftState, drafted: int, accepted: int) -> None:
         """A verification of `drafted` tokens accepted `accepted` of them."""
         state.acceptance.observe(drafted, accepted)
+        self.prior.observe(drafted, accepted)
         state.drafted += drafted
         state.accepted += accepted
 

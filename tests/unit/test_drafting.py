@@ -70,13 +70,33 @@ def test_the_shared_table_keeps_its_size_whatever_it_sees():
 
 def test_the_drafter_prefers_the_sequence_and_falls_back_to_the_shared_table():
     drafter = Drafter(max_tokens=4, sizes=(3, 2), shared_n=3, shared_slots=1 << 12)
-    first = drafter.start([1, 2, 3, 20, 21, 22, 23, 24, 25])
+    first = drafter.start()
     drafter.draft(first, [1, 2, 3, 20, 21, 22, 23, 24, 25])
-    other = drafter.start([40, 41, 20, 21, 22])         # its own tokens say nothing of "21 22"
+    other = drafter.start()                            # its own tokens say nothing of "21 22"
     assert drafter.draft(other, [40, 41, 20, 21, 22]) == [23, 24, 25]
-    mine = drafter.start([20, 21, 22, 7, 7, 20, 21, 22])
+    mine = drafter.start()
     assert drafter.draft(mine, [20, 21, 22, 7, 7, 20, 21, 22]) == [7, 7, 20, 21]
     assert drafter.draft(mine, [20, 21, 22, 7, 7, 20, 21, 22], k=2) == [7, 7]
+
+
+def test_an_ended_sequence_that_drafted_leaves_its_answer_to_the_others():
+    drafter = Drafter(max_tokens=3, sizes=(3,), shared_n=3, shared_slots=1 << 12)
+    idle, busy = drafter.start(), drafter.start()
+    drafter.finish(idle, [5, 6, 7, 8, 9])               # never drafted: shares nothing
+    assert drafter.draft(drafter.start(), [5, 6, 7]) == []
+    drafter.draft(busy, [1, 2, 3])
+    drafter.finish(busy, [1, 2, 3, 30, 31, 32, 33])
+    assert drafter.draft(drafter.start(), [0, 30, 31, 32]) == [33]
+
+
+def test_new_sequences_start_from_the_contexts_recent_acceptance():
+    drafter = Drafter()
+    for _ in range(20):
+        drafter.observe(drafter.start(), drafted=4, accepted=0)
+    assert drafter.start().acceptance.rate < 0.2
+    for _ in range(40):
+        drafter.observe(drafter.start(), drafted=4, accepted=4)
+    assert drafter.start().acceptance.rate > 0.8
 
 
 def test_acceptance_follows_recent_verifications():
@@ -105,7 +125,7 @@ def test_a_lookup_costs_microseconds_beside_a_millisecond_step():
     rng = random.Random(1)
     text = [rng.randrange(1000, 1200) for _ in range(1500)]
     drafter = Drafter(max_tokens=8)
-    state = drafter.start(text)
+    state = drafter.start()
     drafter.draft(state, text)
     n, t0 = 500, time.perf_counter()
     for i in range(n):
