@@ -45,6 +45,8 @@ class EngineConfig:
     thread_share: float = 1.0         # this context's part of the process's threads
     speculative: str = "ngram"        # draftless speculative decoding: "ngram" or "off"
     max_draft: int = 8                # drafted tokens a sequence may verify in one step
+    spec_policy: str = "adaptive"     # "adaptive": where the measured costs say drafts pay;
+                                      # "always": every draft, whole (tests, measurements)
 
     def __post_init__(self):
         self.preemption = Preemption(self.preemption)
@@ -52,6 +54,8 @@ class EngineConfig:
             raise ValueError(f"KV cache type {self.kv_type!r}: one of {', '.join(KV_TYPES)}")
         if self.speculative not in SPECULATIVE:
             raise ValueError(f"speculative {self.speculative!r}: one of {', '.join(SPECULATIVE)}")
+        if self.spec_policy not in ("adaptive", "always"):
+            raise ValueError(f"spec_policy {self.spec_policy!r}: adaptive or always")
         if self.max_draft < 1:
             raise ValueError("max_draft must be at least 1")
         if self.kv_type != "f16" and self.flash_attn is False:

@@ -92,6 +92,7 @@ class Worker:
             n_ctx=config.total_cells, n_seq_max=config.n_seq_max, n_batch=config.step_tokens,
             n_threads=config.n_threads, kv_unified=config.kv_unified,
             flash_attn=config.flash_attn, kv_type=config.kv_type))
+        self.speculative: bool = self._speculation(config)
         self.manager = BlockManager(
             config.total_cells // config.block_size, block_size=config.block_size,
             num_seq_ids=config.n_seq_max, prefix_caching=config.prefix_caching,
@@ -101,8 +102,9 @@ class Worker:
             max_batch_tokens=config.max_batch_tokens, preemption=config.preemption,
             wave_batch_tokens=config.wave_batch_tokens,
             step_target_s=config.step_target_ms / 1000, max_step_tokens=config.step_tokens,
-            max_draft=config.max_draft if config.speculative != "off" else 0)
-        self.drafter = (Drafter(config.max_draft) if config.speculative != "off" else None)
+            max_draft=config.max_draft if self.speculative else 0,
+            draft_always=config.spec_policy == "always")
+        self.drafter = Drafter(config.max_draft) if self.speculative else None
         self.spec = SpecCounts(config.max_draft)
         self.max_seq_len = min(config.n_ctx, self.context.n_ctx_seq)
         self.inbox: deque[InboxMessage] = deque()
@@ -120,6 +122,25 @@ class Worker:
         self.stats = self._collect_stats()                 # published for /health and metrics
         self._stop = False
         self._thread = threading.Thread(target=self._run, name=f"engine-{name}", daemon=True)
+
+    def _speculation(self, config: EngineConfig) -> bool:
+        """Whether this context verifies drafts. Speculation keeps answers exact only where a
+        token computed inside a verification piece gets the numbers it gets decoded alone
+        (Context.pieces_match_decoding, probed here once: ~0.1 s); where it does not (plain
+        attention on the CPU), it stays off and says so. On a GPU answers depend on the batch
+        anyway (docs/gpu.md): no probe there."""
+        if config.speculative == "off":
+            self.speculative_note = "off"
+            return False
+        if self.model.on_gpu or self.context.pieces_match_decoding():
+            self.speculative_note = config.speculative
+            return True
+        self.speculative_note = ("off: verification pieces would not compute what decoding "
+                                 "computes with this attention kernel")
+        log.warning("engine %s: speculative decoding off: tokens inside a verification piece "
+                    "get other numbers than decoded one at a time (attention: %s), so answers "
+                    "would change", self.name, self.context.attention or "plain")
+        return False
 
     @property
     def steps(self) -> int:
@@ -280,8 +301,10 @@ class Worker:
                     if s.is_decoding and s.status is Status.RUNNING and not s.forks]
         costs = self.scheduler.costs
         model = costs.call_model() if decoding else None
-        if model is None or not worth_drafting(len(decoding), *model, costs.overhead_s or 0.0,
-                                               length=self.config.max_draft):
+        if not decoding or (self.config.spec_policy != "always" and (
+                model is None or not worth_drafting(len(decoding), *model,
+                                                    costs.overhead_s or 0.0,
+                                                    length=self.config.max_draft))):
             return
         for seq in decoding:
             req = seq.owner

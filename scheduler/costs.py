@@ -28,7 +28,7 @@ class CallModel:
     b held toward a prior (what a prompt token costs) by `ridge`: while every call has the same
     size (no speculation yet) the prior decides b and the calls decide a."""
     decay: float = 0.97     # weight left to an observation after each newer one
-    ridge: float = 2.0      # the prior's weight, in observations one token apart
+    ridge: float = 0.5      # the prior's weight, in observations one token apart
     s0: float = 0.0
     s1: float = 0.0
     s2: float = 0.0

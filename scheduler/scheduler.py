@@ -106,7 +106,7 @@ class Scheduler:
                  max_step_tokens: int | None = None,
                  wave_ratio: float = WAVE_RATIO,
                  few_decoding: int = FEW_DECODING, finish_piece: int = FINISH_PIECE,
-                 max_draft: int = 0):
+                 max_draft: int = 0, draft_always: bool = False):
         if max_batch_tokens < max_seqs + manager.prefill_chunk:
             raise ValueError(f"max_batch_tokens ({max_batch_tokens}) must be at least max_seqs "
                              f"({max_seqs}) + prefill chunk ({manager.prefill_chunk})")
@@ -121,6 +121,7 @@ class Scheduler:
         self.max_step_tokens = max_step_tokens or max(max_batch_tokens, wave_batch_tokens)
         self.few_decoding, self.finish_piece = few_decoding, finish_piece
         self.max_draft = max_draft   # drafted tokens a sequence may verify in a step (0: none)
+        self.draft_always = draft_always   # every draft verified whole (tests, measurements)
         self.waiting: list[Sequence] = []
         self.running: list[Sequence] = []
         self.inflight: dict[int, Sequence] = {}   # block hash -> sequence computing it now
@@ -278,18 +279,23 @@ class Scheduler:
         candidates = [Candidate(i, len(c.seq.draft), c.seq.draft_rate)
                       for i, c in enumerate(chunks) if c.seq.draft]
         model = self.costs.call_model() if candidates and self.max_draft else None
-        if model is None:
-            for c in chunks:
-                c.seq.draft = []
-            return
-        choice = choose(candidates, len(chunks), *model, self.costs.overhead_s or 0.0,
-                        max_length=self.max_draft)
+        if self.draft_always and candidates and self.max_draft:
+            lengths = {c.key: min(c.available, self.max_draft) for c in candidates}
+        elif model is not None:
+            choice = choose(candidates, len(chunks), *model, self.costs.overhead_s or 0.0,
+                            max_length=self.max_draft)
+            lengths = dict.fromkeys(choice.keys, choice.length)
+        else:
+            lengths = {}
         spare = len(self.manager.free_list) - self._promised_blocks()
         budget = self.max_batch_tokens - len(chunks) - self.manager.prefill_chunk
+        bs = self.manager.block_size
         for i, c in enumerate(chunks):
-            seq, m = c.seq, choice.length if i in choice.keys else 0
-            need = self.manager.blocks_for(seq.num_computed + 1 + m) - len(seq.allocated.blocks)
-            if m and need <= spare and m <= budget:
+            seq, m = c.seq, lengths.get(i, 0)
+            held = len(seq.allocated.blocks)
+            m = min(m, budget, (held + max(spare, 0)) * bs - seq.num_computed - 1)
+            if m > 0:
+                need = self.manager.blocks_for(seq.num_computed + 1 + m) - held
                 assert self.manager.ensure(seq.allocated, seq.num_computed + 1 + m)
                 spare, budget = spare - max(need, 0), budget - m
                 seq.draft = seq.draft[:m]
