@@ -36,6 +36,8 @@ async def health(http: HTTPRequest):
                      "prefill_chunk": lm.workers[0].config.prefill_chunk,
                      "max_batch_tokens": lm.workers[0].config.max_batch_tokens,
                      "kv_type": lm.spec.engine.kv_type, "kv_unified": lm.spec.engine.kv_unified,
+                     "speculative": lm.workers[0].speculative_note,
+                     "max_draft": lm.spec.engine.max_draft,
                      "contexts": [asdict(w.snapshot()) for w in lm.workers]}
               for name, lm in svc.models.items()}
     return {"status": "ok", "models": models}
