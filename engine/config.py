@@ -43,7 +43,7 @@ class EngineConfig:
     cache_seqs: int = 16              # extra llama.cpp seq ids that hold cached prefixes
     adaptive_threads: bool = True     # fewer threads while other processes use our cores
     thread_share: float = 1.0         # this context's part of the process's threads
-    speculative: str = "ngram"        # draftless speculative decoding: "ngram" or "off"
+    speculative: str = "off"          # draftless speculative decoding: "ngram" or "off"
     max_draft: int = 8                # drafted tokens a sequence may verify in one step
     spec_policy: str = "adaptive"     # "adaptive": where the measured costs say drafts pay;
                                       # "always": every draft, whole (tests, measurements)

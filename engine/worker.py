@@ -132,7 +132,8 @@ class Worker:
         if config.speculative == "off":
             self.speculative_note = "off"
             return False
-        if self.model.on_gpu or self.context.pieces_match_decoding():
+        lengths = tuple(sorted({2, 3, 5, 9, config.max_draft + 1}))   # the longest piece too
+        if self.model.on_gpu or self.context.pieces_match_decoding(lengths=lengths):
             self.speculative_note = config.speculative
             return True
         self.speculative_note = ("off: verification pieces would not compute what decoding "

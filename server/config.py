@@ -82,7 +82,7 @@ def engine_from_env() -> EngineConfig:
         max_queue=int(_env("MAX_QUEUE", "256")),
         cache_seqs=int(_env("CACHE_SEQS", "16")),
         adaptive_threads=_flag("ADAPTIVE_THREADS", True),
-        speculative=_env("SPECULATIVE", "ngram").strip().lower() or "ngram",
+        speculative=_env("SPECULATIVE", "off").strip().lower() or "off",
         max_draft=int(_env("MAX_DRAFT", "8")),
     )
 

@@ -285,3 +285,37 @@ def test_a_verification_piece_computes_what_decoding_computes_except_with_plain_
         assert worker.speculative_note.startswith("ngram" if exact else "off:")
     finally:
         worker.stop()
+
+
+def test_health_metrics_and_stats_show_speculation():
+    """/health names the mode and the bound; /metrics has vLLM's counters, whose values agree
+    with /stats and with each other (a token accepted at position i was accepted at every
+    position before it)."""
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from tests.server_proc import SMOLLM2_NAME, running_server
+    convs = extractive_dataset()
+    env = {"PAGEDLLAMA_SPECULATIVE": "ngram", "PAGEDLLAMA_MAX_DRAFT": "5"}
+    with running_server(env) as base:
+        for conv in convs[:2]:
+            r = httpx.post(f"{base}/v1/chat/completions", timeout=300, json={
+                "model": SMOLLM2_NAME, "max_tokens": 60, "temperature": 0,
+                "messages": [{"role": "user", "content": conv.user_turns[0]}]})
+            assert r.status_code == 200, r.text
+        health = httpx.get(f"{base}/health", timeout=10).json()["models"][SMOLLM2_NAME]
+        assert health["speculative"] == "ngram" and health["max_draft"] == 5
+        stats = httpx.get(f"{base}/stats", timeout=10).json()
+        text = httpx.get(f"{base}/metrics", timeout=10).text
+    samples = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            samples[(s.name, s.labels.get("position"))] = s.value
+    p = "pagedllama:spec_decode_"
+    drafts = samples[(p + "num_drafts_total", None)]
+    drafted = samples[(p + "num_draft_tokens_total", None)]
+    accepted = samples[(p + "num_accepted_tokens_total", None)]
+    per_pos = [samples[(p + "num_accepted_tokens_per_pos_total", str(i))] for i in range(5)]
+    assert drafted == stats["spec_draft_tokens"] and accepted == stats["spec_accepted_tokens"]
+    assert 0 <= accepted <= drafted <= 5 * drafts and sum(per_pos) == accepted
+    assert per_pos == sorted(per_pos, reverse=True) and per_pos[0] <= drafts
