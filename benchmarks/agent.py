@@ -89,6 +89,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="tokens of the system prompt with the tools")
     p.add_argument("--result-len", type=int, default=60, help="tokens of each tool result")
     p.add_argument("--question-len", type=int, default=16, help="tokens of each question")
+    p.add_argument("--tools-in-system", action="store_true",
+                   help="write the tool definitions into the system prompt as text and send no "
+                        "`tools`: a server whose chat template has no tool support may leave "
+                        "`tools` out of the prompt (llama-server does), so only this way both "
+                        "servers compute the same prompt")
     args = p.parse_args(argv)
     args.levels = [int(x) for x in args.sessions.split(",") if x.strip()]
     if args.quick:
@@ -205,6 +210,14 @@ async def one_turn(client, base: str, body: dict, turn: Turn, timeout: float) ->
     return turn
 
 
+def tools_fields(system: str, in_system: bool) -> dict:
+    """The system prompt and the tools: as the API's `tools`, or as text in the system prompt."""
+    if not in_system:
+        return {"system": system, "tools": TOOLS}
+    lines = [json.dumps(t, ensure_ascii=False) for t in TOOLS]
+    return {"system": system + "\n\nTools (call one as a tool_use block):\n" + "\n".join(lines)}
+
+
 async def run_sessions(base: str, model: str, sessions: list[Session], args) -> list[Turn]:
     """Every session at once, each turn after the previous one's answer."""
     async with make_client(len(sessions), args.request_timeout) as client:
@@ -212,7 +225,7 @@ async def run_sessions(base: str, model: str, sessions: list[Session], args) -> 
             turns = []
             for k in range(args.turns):
                 body = {"model": model, "max_tokens": args.output_len, "temperature": 0,
-                        "stream": True, "system": s.system, "tools": TOOLS,
+                        "stream": True, **tools_fields(s.system, args.tools_in_system),
                         "messages": s.messages(k)}
                 t = await one_turn(client, base, body, Turn(i, k + 1), args.request_timeout)
                 turns.append(t)

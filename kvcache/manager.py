@@ -81,6 +81,7 @@ class BlockManager:
         self.num_seq_ids = num_seq_ids
         self.owned: dict[int, int] = {}   # seq id -> number of cached blocks it owns
         self.live: set[int] = set()       # seq ids of open sequences
+        self.allocs: dict[int, SeqAlloc] = {}   # seq id -> its open sequence
         self._ops: list[KVOp] = []          # for the engine, in order; read through take_ops()
         self._save_keys = itertools.count()
         self.query_tokens = self.hit_tokens = 0
@@ -204,7 +205,8 @@ class BlockManager:
             self._release_seq_id(seq_id, had_cells=False)
             return None
         self.live.add(seq_id)
-        return SeqAlloc(seq_id)
+        alloc = self.allocs[seq_id] = SeqAlloc(seq_id)
+        return alloc
 
     def extend(self, alloc: SeqAlloc, tokens: Sequence[int], num_computed: int,
                max_reuse: int) -> int:
@@ -224,6 +226,7 @@ class BlockManager:
         """Close a sequence. Cached blocks stay (LRU evictable, tail first); the rest is freed."""
         seq_id = alloc.seq_id
         self.live.discard(seq_id)
+        self.allocs.pop(seq_id, None)
         # A holder keeps its cells up to the end of the last block it owns: blocks after it
         # (shared from another owner, or not cached) are removed from it.
         owned = [b for b in alloc.blocks if b.owner == seq_id and b.hash is not None]
@@ -483,6 +486,8 @@ class BlockManager:
 
     def _acquire_seq_id(self) -> int | None:
         while not self.free_seq_ids:
+            if self._rehome_one():
+                continue
             if not (self.owned.keys() - self.live) or not self._evict_one():
                 return None
         seq_id = heapq.heappop(self.free_seq_ids)
@@ -505,6 +510,38 @@ class BlockManager:
             heapq.heapify(self.free_seq_ids)
             return gap
         return seq_id
+
+    def _rehome_one(self) -> bool:
+        """Free a holder's seq id without losing a cached block: a holder (its sequence ended)
+        whose cached blocks are all referenced by open sequences hands them to one of those.
+        An open sequence's own cells hold every block of its table (copied from the owner, or
+        computed by itself, or shared in a unified cache), so no KV op moves anything; the
+        holder's cells are removed. Without this, a holder of a prefix that the running
+        sequences share would keep its seq id, and with no seq ids kept for the cache
+        (cache_seqs 0) one fewer sequence could run. True if one was freed."""
+        holders = self.owned.keys() - self.live
+        if not holders:
+            return False
+        by_holder: dict[int, list[Block]] = {}
+        for block in self.cache.values():
+            if block.owner in holders:
+                by_holder.setdefault(block.owner, []).append(block)
+        for holder in sorted(by_holder):
+            blocks = by_holder[holder]
+            if any(b.ref_count == 0 for b in blocks):
+                continue   # it still holds blocks nobody else has: eviction decides
+            deepest = max(blocks, key=lambda b: b.index)
+            heir = next((a for a in self.allocs.values()
+                         if deepest.index < len(a.blocks) and a.blocks[deepest.index] is deepest),
+                        None)
+            if heir is None:
+                continue
+            for block in blocks:
+                block.owner = heir.seq_id
+            self.owned[heir.seq_id] = self.owned.get(heir.seq_id, 0) + self.owned.pop(holder)
+            self._release_seq_id(holder)
+            return True
+        return False
 
     def _release_seq_id(self, seq_id: int, had_cells: bool = True) -> None:
         if had_cells:
@@ -542,6 +579,10 @@ class BlockManager:
             owned[block.holder] = owned.get(block.holder, 0) + 1
         assert owned == self.owned
         assert not (set(self.free_seq_ids) & (self.live | set(self.owned)))
+        assert set(self.allocs) == self.live
+        # an open sequence's cells hold what it owns: every block it owns is in its table
+        assert all(self.allocs[b.holder].blocks[b.index] is b for b in self.cache.values()
+                   if b.holder in self.allocs)
         assert len(set(self.free_seq_ids)) == len(self.free_seq_ids)
         assert len(self.free_seq_ids) + len(self.live | set(self.owned)) == self.num_seq_ids
 

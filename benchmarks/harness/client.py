@@ -62,7 +62,11 @@ class RequestOutput:
 
     @property
     def ttft(self) -> float:
-        return self.chunk_times[0] - self.start if self.chunk_times else 0.0
+        if self.chunk_times:
+            return self.chunk_times[0] - self.start
+        # an answer whose tokens carried no text (a one-token answer that is a stop token, say)
+        # still had its first token by the end of the request
+        return self.latency if self.ok and self.output_tokens else 0.0
 
     @property
     def latency(self) -> float:

@@ -528,3 +528,60 @@ def test_everything_returns_after_all_sequences_end():
     kv.apply(manager.take_ops())
     assert kv.used_cells == 0 and len(manager.free_list) == manager.num_blocks
     assert sorted(manager.free_seq_ids) == list(range(manager.num_seq_ids))
+
+
+def own_cells(kv, alloc, tokens, n):
+    return kv.read(alloc.seq_id)[:n] == [tuple(tokens[:p + 1]) for p in range(n)]
+
+
+def test_with_no_seq_ids_kept_for_the_cache_a_holder_of_a_shared_prefix_gives_its_id_up():
+    """Split KV, as many seq ids as sequences run (cache_seqs 0): the sequence that computed a
+    shared prefix ends while others still use the prefix. A new sequence takes the holder's
+    seq id; the prefix stays cached, now held by a sequence that shares it, and still hits."""
+    manager, kv = make(num_blocks=64, seq_ids=3, share_cells=False)
+    shared = list(range(8))
+    a_tokens, b_tokens, c_tokens = shared + [50, 51], shared + [60, 61], shared + [70, 71]
+    a = manager.open(a_tokens, 9, 12)
+    compute(manager, kv, a, a_tokens, 0, 10)
+    b = manager.open(b_tokens, 9, 12)
+    c = manager.open(c_tokens, 9, 12)
+    assert b.num_cached == c.num_cached == 8
+    compute(manager, kv, b, b_tokens, 8, 10)
+    compute(manager, kv, c, c_tokens, 8, 10)
+    manager.free(a)                          # a holds the prefix b and c use; no id is free
+    kv.apply(manager.take_ops())
+    d_tokens = shared + [80, 81]
+    d = manager.open(d_tokens, 9, 12)
+    assert d is not None and d.seq_id == a.seq_id and d.num_cached == 8
+    kv.apply(manager.take_ops())
+    compute(manager, kv, d, d_tokens, 8, 10)
+    assert own_cells(kv, d, d_tokens, 10)
+    manager.check_invariants()
+    for alloc in (b, c, d):
+        manager.free(alloc)
+    kv.apply(manager.take_ops())
+    e_tokens = shared + [90, 91]
+    e = manager.open(e_tokens, 9, 12)        # the prefix outlived every sequence that used it
+    kv.apply(manager.take_ops())
+    assert e.num_cached == 8 and own_cells(kv, e, e_tokens, 8)
+    manager.check_invariants()
+
+
+def test_a_holder_with_blocks_of_its_own_is_not_handed_on_but_evicted():
+    """A holder that still holds a block nobody else references keeps it until eviction (LRU
+    decides what goes), so handing on never drops a cached block by itself."""
+    manager, kv = make(num_blocks=64, seq_ids=2, share_cells=False)
+    a_tokens = list(range(16)) + [1]
+    a = manager.open(a_tokens, 16, 18)
+    compute(manager, kv, a, a_tokens, 0, 17)
+    b_tokens = list(range(8)) + [99] * 5          # shares block 0 only
+    b = manager.open(b_tokens, 12, 14)
+    compute(manager, kv, b, b_tokens, 8, 13)
+    manager.free(a)
+    kv.apply(manager.take_ops())
+    assert not manager._rehome_one()              # a's block 1 is referenced by nobody
+    c = manager.open(list(range(300, 305)), 4, 6)  # evicts a's block 1, then hands block 0 on
+    kv.apply(manager.take_ops())
+    assert c is not None and c.seq_id == a.seq_id
+    assert manager.lookup(a_tokens) == 8 and manager.lookup(b_tokens) == 12
+    manager.check_invariants()
