@@ -132,8 +132,7 @@ class Worker:
         if config.speculative == "off":
             self.speculative_note = "off"
             return False
-        lengths = tuple(sorted({2, 3, 5, 9, config.max_draft + 1}))   # the longest piece too
-        if self.model.on_gpu or self.context.pieces_match_decoding(lengths=lengths):
+        if self.model.on_gpu or self._probe_pieces(config):
             self.speculative_note = config.speculative
             return True
         self.speculative_note = ("off: verification pieces would not compute what decoding "
@@ -142,6 +141,16 @@ class Worker:
                     "get other numbers than decoded one at a time (attention: %s), so answers "
                     "would change", self.name, self.context.attention or "plain")
         return False
+
+    def _probe_pieces(self, config: EngineConfig) -> bool:
+        """The probe on one thread: answers do not depend on the thread count, and two threads
+        next to a busy process stall at llama.cpp's barriers before the lease can react."""
+        lengths = tuple(sorted({2, 3, 5, 9, config.max_draft + 1}))   # the longest piece too
+        self.context.set_threads(1)
+        try:
+            return self.context.pieces_match_decoding(lengths=lengths)
+        finally:
+            self.context.set_threads(config.n_threads)
 
     @property
     def steps(self) -> int:
