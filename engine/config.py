@@ -24,6 +24,10 @@ class ModelKind(Protocol):
     def has_k_quants(self) -> bool: ...
 
 
+# draftless speculative decoding (engine/drafting.py, scheduler/speculation.py)
+SPECULATIVE = ("ngram", "off")
+
+
 @dataclass
 class EngineConfig:
     n_ctx: int = 2048                 # per sequence: the longest prompt + output
@@ -54,11 +58,21 @@ class EngineConfig:
                                       # recomputed. None: n_ctx (one whole sequence)
     adaptive_threads: bool = True     # fewer threads while other processes use our cores
     thread_share: float = 1.0         # this context's part of the process's threads
+    speculative: str = "off"          # draftless speculative decoding: "ngram" or "off"
+    max_draft: int = 8                # drafted tokens a sequence may verify in one step
+    spec_policy: str = "adaptive"     # "adaptive": where the measured costs say drafts pay;
+                                      # "always": every draft, whole (tests, measurements)
 
     def __post_init__(self):
         self.preemption = Preemption(self.preemption)
         if self.kv_type not in KV_TYPES:
             raise ValueError(f"KV cache type {self.kv_type!r}: one of {', '.join(KV_TYPES)}")
+        if self.speculative not in SPECULATIVE:
+            raise ValueError(f"speculative {self.speculative!r}: one of {', '.join(SPECULATIVE)}")
+        if self.spec_policy not in ("adaptive", "always"):
+            raise ValueError(f"spec_policy {self.spec_policy!r}: adaptive or always")
+        if self.max_draft < 1:
+            raise ValueError("max_draft must be at least 1")
         if self.kv_type != "f16" and self.flash_attn is False:
             raise ValueError(f"a {self.kv_type} KV cache needs flash attention (llama.cpp "
                              "quantizes V only for its flash-attention kernel)")

@@ -182,6 +182,10 @@ class Grammar:
         """Whether the grammar accepts this token next, without computing the whole mask."""
         return self.matcher.validate_tokens([token]) == 1
 
+    def allows_prefix(self, tokens: list[int]) -> int:
+        """How many of these tokens, in order, the grammar accepts next (none consumed)."""
+        return self.matcher.validate_tokens(tokens)
+
     def best(self) -> int:
         """Greedy over the last mask."""
         d = self.data

@@ -388,6 +388,53 @@ class Context:
                                f"{self.config.n_outputs_max}")
         return C.llama_decode(self.ptr, self.batch)
 
+    def pieces_match_decoding(self, seq: int = 0,
+                              lengths: tuple[int, ...] = (2, 3, 5, 9)) -> bool:
+        """Whether a sequence's tokens computed inside one piece of k tokens (a verification
+        piece of speculative decoding: its last token and k - 1 drafted ones, logits for each)
+        get bitwise the logits and the KV they get computed one at a time, as decoding does.
+        A free sequence computes a prompt and the next k tokens one by one, then the same prompt
+        and the k tokens as one piece; each time one token more after them (it reads the KV
+        they wrote). The sequence is empty after. Measured (docs/scheduling.md, "Speculative
+        decoding"): true with flash attention on this build's exact paths; false with plain
+        attention, whose Q·K and attention-weight products for 2 or more query rows of a
+        sequence go through llamafile's tinyBLAS tiles and for 1 through ggml's vec_dot, other
+        sums. The lengths cover tile edges and the 8-row threshold of ggml's tiled K-quant
+        matmul."""
+        rng = np.random.default_rng(20261127)
+        n_vocab = self.model.n_vocab
+        prompt = [int(t) for t in rng.integers(n_vocab // 8, n_vocab // 2, 24)]
+        n = len(prompt)
+
+        def run(k: int, nxt: list[int], as_piece: bool) -> list[np.ndarray] | None:
+            self.seq_rm(seq, -1, -1)
+            if self.decode([(seq, prompt, 0, False)]) != 0:
+                return None
+            out = []
+            if as_piece:
+                if self.decode([(seq, nxt[:k], n, k)]) != 0:
+                    return None
+                out = [self.logits(i).copy() for i in range(k)]
+            else:
+                for i in range(k):
+                    if self.decode([(seq, [nxt[i]], n + i, True)]) != 0:
+                        return None
+                    out.append(self.logits(0).copy())
+            if self.decode([(seq, [nxt[k]], n + k, True)]) != 0:
+                return None
+            return out + [self.logits(0).copy()]
+
+        try:
+            for k in lengths:
+                nxt = [int(t) for t in rng.integers(n_vocab // 8, n_vocab // 2, k + 1)]
+                alone, inside = run(k, nxt, False), run(k, nxt, True)
+                if alone is None or inside is None or not all(
+                        np.array_equal(a, b) for a, b in zip(alone, inside)):
+                    return False
+            return True
+        finally:
+            self.seq_rm(seq, -1, -1)
+
     def set_threads(self, n_threads: int) -> None:
         """Threads for the next decodes (single-token and batch alike)."""
         C.llama_set_n_threads(self.ptr, n_threads, n_threads)

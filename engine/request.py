@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from engine.detok import TextStream
+from engine.drafting import DraftState
 from engine.logprobs import TokenLogprob
 from engine.sampling import Sampler, SamplingParams
 from scheduler import FinishReason, Sequence
@@ -47,6 +48,7 @@ class RequestState:
     finish_time: float | None = None
     finish_reason: FinishReason | None = None
     prompt_logprobs: list[TokenLogprob] | None = None   # when asked (the first: logprob None)
+    draft: DraftState | None = None      # speculative decoding's state (engine/drafting.py)
 
 
 @dataclass(eq=False)
@@ -79,6 +81,18 @@ class Request:
     def num_cached(self) -> int:
         seq = self.state.seq
         return seq.num_cached_tokens if seq else 0
+
+    @property
+    def num_drafted(self) -> int:
+        """Tokens drafted for this request and verified by the model (speculative decoding)."""
+        draft = self.state.draft
+        return draft.drafted if draft else 0
+
+    @property
+    def num_accepted(self) -> int:
+        """Of those, the tokens the model accepted."""
+        draft = self.state.draft
+        return draft.accepted if draft else 0
 
     @property
     def finish_reason(self) -> FinishReason | None:

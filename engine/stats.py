@@ -45,3 +45,7 @@ class ContextStats:
     prefix_hit_tokens: int
     num_preemptions: int
     failed: str | None
+    spec_drafts: int = 0               # verifications of drafted tokens (speculative decoding)
+    spec_draft_tokens: int = 0         # drafted tokens verified
+    spec_accepted_tokens: int = 0      # of those, accepted
+    spec_accepted_per_pos: tuple[int, ...] = ()   # accepted, by position in the draft

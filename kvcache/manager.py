@@ -277,6 +277,19 @@ class BlockManager:
             alloc.blocks.append(block)
         return True
 
+    def rollback(self, alloc: SeqAlloc, n_tokens: int) -> None:
+        """The sequence keeps the KV of its first n_tokens positions only (drafted tokens the
+        model rejected leave it): a RemoveOp of the rest, and the blocks past the last one
+        those positions need go back to the free list. Those blocks are the sequence's own and
+        uncached: only verified tokens are ever committed."""
+        assert n_tokens >= alloc.num_checked * self.block_size, "verified tokens stay"
+        self._ops.append(RemoveOp(alloc.seq_id, n_tokens))
+        keep = self.blocks_for(n_tokens)
+        for block in alloc.blocks[keep:]:
+            assert block.hash is None and block.ref_count == 1, "a drafted block was shared"
+            self._unref(block)
+        del alloc.blocks[keep:]
+
     def commit(self, alloc: SeqAlloc, tokens: Sequence[int], num_computed: int) -> None:
         """Register in the prefix cache the blocks that the first num_computed tokens fill."""
         if not self.prefix_caching:

@@ -9,10 +9,55 @@ ones, and the streams' gaps stay near the target (docs/scheduling.md, "Chunked p
 Costs move with the context (a prompt token late in a long prompt attends to more of it) and
 with the machine (other processes, thread changes), so they are exponentially weighted averages
 of the last few steps, not constants.
+
+Speculative decoding (scheduler/speculation.py) needs what a call of decoding tokens costs by
+its size: a call of n decode or verification tokens takes about a + b·n seconds (a: streaming
+the weights once, the graph, the threads' meeting points; b: a token's arithmetic), fitted over
+recent calls (`CallModel`), and the step's own overhead outside llama_decode (the worker's
+Python), which every token of a step shares.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+
+@dataclass
+class CallModel:
+    """seconds ≈ a + b·tokens for a llama_decode call of decoding tokens (1-token pieces and
+    verification pieces), fitted by exponentially weighted least squares over recent calls, with
+    b held toward a prior (what a prompt token costs) by `ridge`: while every call has the same
+    size (no speculation yet) the prior decides b and the calls decide a."""
+    decay: float = 0.97     # weight left to an observation after each newer one
+    ridge: float = 0.5      # the prior's weight, in observations one token apart
+    s0: float = 0.0
+    s1: float = 0.0
+    s2: float = 0.0
+    t0: float = 0.0
+    t1: float = 0.0
+
+    def observe(self, tokens: int, seconds: float) -> None:
+        d = self.decay
+        self.s0 = d * self.s0 + 1.0
+        self.s1 = d * self.s1 + tokens
+        self.s2 = d * self.s2 + tokens * tokens
+        self.t0 = d * self.t0 + seconds
+        self.t1 = d * self.t1 + tokens * seconds
+
+    def fit(self, prior_b: float | None) -> tuple[float, float] | None:
+        """(a, b), or None before any call was seen or when neither the calls nor a prior
+        give b. a >= 0 and b > 0."""
+        if self.s0 < 1e-9:
+            return None
+        lam = self.ridge if prior_b is not None else 0.0
+        b0 = prior_b or 0.0
+        var = self.s0 * (self.s2 + lam) - self.s1 * self.s1
+        if var <= 1e-9 * self.s0 * self.s0:
+            return None
+        b = (self.s0 * (self.t1 + lam * b0) - self.s1 * self.t0) / var
+        if b <= 0.0:
+            b = b0 if b0 > 0 else 1e-6
+        a = max(0.0, (self.t0 - b * self.s1) / self.s0)
+        return a, b
 
 
 @dataclass
@@ -20,22 +65,44 @@ class StepCosts:
     alpha: float = 0.3                    # weight of the newest observation
     decode_s: float | None = None         # seconds of the decode tokens' part of a step
     prompt_token_s: float | None = None   # seconds per prompt token
+    overhead_s: float | None = None       # seconds of a step outside llama_decode
+    calls: CallModel = field(default_factory=CallModel)
 
-    def observe_decode(self, seconds: float) -> None:
+    def observe_decode(self, seconds: float, tokens: int | None = None) -> None:
+        """A call of decoding tokens only (`tokens` of them, when known)."""
         self.decode_s = self._mix(self.decode_s, seconds)
+        if tokens:
+            self.calls.observe(tokens, seconds)
+
+    def observe_overhead(self, seconds: float) -> None:
+        self.overhead_s = self._mix(self.overhead_s, max(0.0, seconds))
+
+    def call_model(self) -> tuple[float, float] | None:
+        """(a, b) of a call of decoding tokens (CallModel), b's prior a prompt token's cost."""
+        return self.calls.fit(self.prompt_token_s)
+
+    def decode_time(self, tokens: int) -> float | None:
+        """What a call of this many decoding tokens should take: by the call model once it has
+        seen calls of several sizes, else what decode calls took lately."""
+        model = self.calls.fit(None)
+        if model is not None:
+            return model[0] + model[1] * tokens
+        return self.decode_s
 
     def observe_prompt(self, tokens: int, seconds: float) -> None:
         if tokens > 0:
             self.prompt_token_s = self._mix(self.prompt_token_s, seconds / tokens)
 
-    def expected(self, decode: bool, prompt_tokens: int) -> float | None:
-        """What a call of the decoding streams' tokens (`decode`) and `prompt_tokens` prompt
-        tokens should take by recent steps; None until both parts are known."""
+    def expected(self, decode: int, prompt_tokens: int) -> float | None:
+        """What a call of `decode` decoding tokens (1-token and verification pieces) and
+        `prompt_tokens` prompt tokens should take by recent steps; None until both parts are
+        known."""
         total = 0.0
         if decode:
-            if self.decode_s is None:
+            part = self.decode_time(decode)
+            if part is None:
                 return None
-            total += self.decode_s
+            total += part
         if prompt_tokens:
             if self.prompt_token_s is None:
                 return None

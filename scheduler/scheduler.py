@@ -41,6 +41,7 @@ from kvcache import BlockManager, KVOp
 from scheduler.costs import StepCosts
 from scheduler.policy import Policy
 from scheduler.sequence import FinishReason, Preemption, Sequence, Status
+from scheduler.speculation import Candidate, choose
 
 
 @dataclass
@@ -49,18 +50,24 @@ class Chunk:
     start: int
     end: int
     claims: list[int] = field(default_factory=list)   # block hashes this chunk computes first
+    drafted: int = 0    # drafted tokens at its end, to verify (the sequence's draft)
 
     @property
     def wants_logits(self) -> bool:
-        return self.end == len(self.seq.tokens)
+        return self.end >= len(self.seq.tokens)
 
     @property
     def num_logits(self) -> int:
-        """How many of the chunk's last tokens need logits: the last, to sample from, or every
-        token of a prompt chunk whose prompt logprobs were asked for (echo with logprobs)."""
-        if self.seq.prompt_logits and self.start < self.seq.num_prompt:
+        """How many of the chunk's last tokens need logits: the last, to sample from; every
+        token of a prompt chunk whose prompt logprobs were asked for (echo with logprobs); every
+        token of a verification piece (the sequence's last token and its drafted ones)."""
+        if self.drafted or (self.seq.prompt_logits and self.start < self.seq.num_prompt):
             return self.end - self.start
         return int(self.wants_logits)
+
+    @property
+    def tokens(self) -> list[int]:
+        return self.seq.piece(self.start, self.end)
 
 
 # A wave: prompts wanting computing at least this many times the decoding streams (module doc).
@@ -98,7 +105,8 @@ class Scheduler:
                  wave_batch_tokens: int = 0, step_target_s: float = 0.0,
                  max_step_tokens: int | None = None, max_swapped_tokens: int | None = None,
                  wave_ratio: float = WAVE_RATIO,
-                 few_decoding: int = FEW_DECODING, finish_piece: int = FINISH_PIECE):
+                 few_decoding: int = FEW_DECODING, finish_piece: int = FINISH_PIECE,
+                 max_draft: int = 0, draft_always: bool = False):
         if max_batch_tokens < max_seqs + manager.prefill_chunk:
             raise ValueError(f"max_batch_tokens ({max_batch_tokens}) must be at least max_seqs "
                              f"({max_seqs}) + prefill chunk ({manager.prefill_chunk})")
@@ -115,6 +123,8 @@ class Scheduler:
         self.step_target_s, self.costs = step_target_s, StepCosts()
         self.max_step_tokens = max_step_tokens or max(max_batch_tokens, wave_batch_tokens)
         self.few_decoding, self.finish_piece = few_decoding, finish_piece
+        self.max_draft = max_draft   # drafted tokens a sequence may verify in a step (0: none)
+        self.draft_always = draft_always   # every draft verified whole (tests, measurements)
         self.waiting: list[Sequence] = []
         self.running: list[Sequence] = []
         self.inflight: dict[int, Sequence] = {}   # block hash -> sequence computing it now
@@ -185,6 +195,7 @@ class Scheduler:
         for seq in [s for s in self.running if s.is_decoding]:
             if seq.status is Status.RUNNING:
                 self._plan(seq, 1, plan)
+        self._plan_drafts(plan)
         plan.wave = self.is_wave(len(plan.chunks))
         plan.budget = self.wave_batch_tokens if plan.wave else self.max_batch_tokens
         plan.allowance = None if plan.wave else self._prefill_allowance(plan)
@@ -205,9 +216,10 @@ class Scheduler:
         done = []
         for chunk in plan.chunks:
             seq = chunk.seq
-            if chunk.wants_logits and (chunk.end - chunk.start > 1 or chunk.start < seq.num_prompt):
+            if chunk.wants_logits and not chunk.drafted and (chunk.end - chunk.start > 1
+                                                             or chunk.start < seq.num_prompt):
                 done.append(seq)   # a prompt (or a preempted sequence's recompute) finished
-            seq.num_computed = chunk.end
+            seq.num_computed = chunk.end - chunk.drafted   # drafted ones: once accepted
             self.manager.commit(seq.allocated, seq.tokens, seq.num_computed)
             for h in chunk.claims:
                 if self.inflight.get(h) is seq:
@@ -217,6 +229,16 @@ class Scheduler:
             for seq in done:
                 if wanting:
                     self.lending[seq] = set(wanting)
+
+    def accept_draft(self, seq: Sequence, drafted: int, accepted: int) -> None:
+        """The model checked the `drafted` tokens a sequence verified and accepted the first
+        `accepted` of them (the engine appended them to its tokens, with the model's own next
+        token after them): their KV is the sequence's; the rest leaves the KV (a rollback)."""
+        seq.draft = []
+        seq.num_computed += accepted
+        if accepted < drafted:
+            self.manager.rollback(seq.allocated, seq.num_computed)
+        self.manager.commit(seq.allocated, seq.tokens, seq.num_computed)
 
     def preempt_one(self) -> None:
         """Preempt the policy's victim (llama_decode found no KV slot after all)."""
@@ -251,6 +273,47 @@ class Scheduler:
                 break
             held += 1
         return n - min(held * self.manager.block_size, self._max_reuse(seq))
+
+    def _plan_drafts(self, plan: StepPlan) -> None:
+        """Let decoding sequences verify their drafts where that pays (scheduler/speculation.py,
+        from the measured costs): one draft length for the step, the chosen sequences' pieces
+        grow by it. Drafts take only blocks nobody was promised and leave a grid cell of the
+        budget to prompts, so a draft never preempts nor stops a prompt."""
+        chunks = plan.chunks
+        candidates = [Candidate(i, len(c.seq.draft), c.seq.draft_rate)
+                      for i, c in enumerate(chunks) if c.seq.draft]
+        model = self.costs.call_model() if candidates and self.max_draft else None
+        if self.draft_always and candidates and self.max_draft:
+            lengths = {c.key: min(c.available, self.max_draft) for c in candidates}
+        elif model is not None:
+            choice = choose(candidates, len(chunks), *model, self.costs.overhead_s or 0.0,
+                            max_length=self.max_draft)
+            lengths = dict.fromkeys(choice.keys, choice.length)
+        else:
+            lengths = {}
+        spare = len(self.manager.free_list) - self._promised_blocks()
+        budget = self.max_batch_tokens - len(chunks) - self.manager.prefill_chunk
+        bs = self.manager.block_size
+        for i, c in enumerate(chunks):
+            seq, m = c.seq, lengths.get(i, 0)
+            held = len(seq.allocated.blocks)
+            m = min(m, budget, (held + max(spare, 0)) * bs - seq.num_computed - 1)
+            if m > 0:
+                need = self.manager.blocks_for(seq.num_computed + 1 + m) - held
+                assert self.manager.ensure(seq.allocated, seq.num_computed + 1 + m)
+                spare, budget = spare - max(need, 0), budget - m
+                seq.draft = seq.draft[:m]
+                c.end += m
+                c.drafted = m
+            else:
+                seq.draft = []
+
+    def _promised_blocks(self) -> int:
+        """Blocks the running sequences were promised (for all their tokens and one more, and
+        their pending forks) beyond those they hold."""
+        return sum(self.manager.blocks_for(len(s.tokens) + 1) - len(s.allocated.blocks)
+                   + self.manager.fork_blocks(len(s.tokens)) * len(s.forks)
+                   for s in self.running)
 
     def _prefill_allowance(self, plan: StepPlan) -> int | None:
         """Prompt tokens this step may take once its decode tokens are planned (module doc)."""
@@ -413,9 +476,7 @@ class Scheduler:
     def _open(self, seq: Sequence) -> bool:
         """Open seq if blocks for all its tokens and one more fit beside what each running
         sequence was promised on the same terms: then its next chunk never preempts anyone."""
-        promised = sum(self.manager.blocks_for(len(s.tokens) + 1) - len(s.allocated.blocks)
-                       + self.manager.fork_blocks(len(s.tokens)) * len(s.forks)
-                       for s in self.running)
+        promised = self._promised_blocks()
         promised += self.manager.fork_blocks(len(seq.tokens)) * len(seq.forks)
         if seq.saved_key is not None:
             alloc = self.manager.open_for_restore(seq.saved_key, seq.tokens[:seq.num_computed],
@@ -440,6 +501,7 @@ class Scheduler:
             plan.chunks.remove(chunk)
             self._release_claims(chunk.claims, seq)
         self.running.remove(seq)
+        seq.draft = []
         if self.preemption is Preemption.SWAP and seq.num_computed > 0 and (
                 self.max_swapped_tokens is None
                 or self.swapped_tokens + seq.num_computed <= self.max_swapped_tokens):

@@ -60,10 +60,22 @@ class Sequence:
     forks: list[Sequence] = field(default_factory=list)   # pending forks of this sequence
     fork_of: Sequence | None = None      # set while this one waits to be forked off it
     prompt_logits: bool = False            # logits of every prompt position (echo + logprobs)
+    # speculative decoding (scheduler/speculation.py): tokens guessed to follow tokens[-1],
+    # set by the engine before each step and cut by the scheduler to what the step verifies;
+    # never part of `tokens` until the model accepts them
+    draft: list[int] = field(default_factory=list)
+    draft_rate: float = 0.0                # how likely a drafted token is accepted
 
     def __post_init__(self) -> None:
         if not self.tokens:
             self.tokens = list(self.prompt)
+
+    def piece(self, start: int, end: int) -> list[int]:
+        """Tokens [start, end) of the sequence with its draft after its tokens."""
+        n = len(self.tokens)
+        if end <= n:
+            return self.tokens[start:end]
+        return self.tokens[start:] + self.draft[:end - n]
 
     @property
     def num_prompt(self) -> int:

@@ -91,6 +91,8 @@ def engine_from_env() -> EngineConfig:
         cache_seqs=int(_env("CACHE_SEQS", "0")),
         swap_tokens=_int_or_none("SWAP_TOKENS"),
         adaptive_threads=_flag("ADAPTIVE_THREADS", True),
+        speculative=_env("SPECULATIVE", "off").strip().lower() or "off",
+        max_draft=int(_env("MAX_DRAFT", "8")),
     )
 
 

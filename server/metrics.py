@@ -66,6 +66,10 @@ class ModelState:
     threads: int = 0                 # llama.cpp threads in use now, summed over contexts
     configured_threads: int = 0
     thread_changes: int = 0
+    spec_drafts: int = 0             # speculative decoding: verifications, tokens drafted and
+    spec_draft_tokens: int = 0       # accepted (by position in the draft too)
+    spec_accepted_tokens: int = 0
+    spec_accepted_per_pos: tuple[int, ...] = ()
 
     @property
     def kv_usage(self) -> float:
@@ -76,9 +80,21 @@ class ModelState:
         q = self.prefix_query_tokens
         return self.prefix_hit_tokens / q if q else None
 
+    @property
+    def spec_acceptance(self) -> float | None:
+        """Drafted tokens the model accepted, of those it verified (None: none verified)."""
+        n = self.spec_draft_tokens
+        return self.spec_accepted_tokens / n if n else None
+
     def add(self, stats: ContextStats | ModelState) -> None:
         for f in fields(self):
-            setattr(self, f.name, getattr(self, f.name) + getattr(stats, f.name))
+            mine, theirs = getattr(self, f.name), getattr(stats, f.name)
+            if isinstance(mine, tuple):   # per position: element by element
+                n = max(len(mine), len(theirs))
+                mine, theirs = (tuple(v) + (0,) * (n - len(v)) for v in (mine, theirs))
+                setattr(self, f.name, tuple(a + b for a, b in zip(mine, theirs)))
+            else:
+                setattr(self, f.name, mine + theirs)
 
 
 def model_states(workers: Iterable[Worker]) -> dict[str, ModelState]:
@@ -254,6 +270,9 @@ class MetricsObserver(Observer):
             "prefix_cache_hits": total.prefix_hit_tokens,
             "prefix_cache_hit_rate": total.prefix_hit_rate,
             "num_preemptions": total.num_preemptions,
+            "spec_draft_tokens": total.spec_draft_tokens,
+            "spec_accepted_tokens": total.spec_accepted_tokens,
+            "spec_acceptance": total.spec_acceptance,
             "threads": total.threads,
             "configured_threads": total.configured_threads,
             "ttft_s": self.window.percentiles("ttft", now),
@@ -269,6 +288,9 @@ def _model_json(s: ModelState) -> dict:
             "kv_cache_usage_perc": round(100 * s.kv_usage, 3), "kv_used_blocks": s.kv_used_blocks,
             "kv_total_blocks": s.kv_total_blocks, "prefix_cache_hit_rate": s.prefix_hit_rate,
             "num_preemptions": s.num_preemptions, "steps": s.steps, "threads": s.threads,
+            "spec_draft_tokens": s.spec_draft_tokens,
+            "spec_accepted_tokens": s.spec_accepted_tokens,
+            "spec_acceptance": s.spec_acceptance,
             "configured_threads": s.configured_threads, "thread_changes": s.thread_changes}
 
 
@@ -352,6 +374,17 @@ class _StateCollector(Collector):
                          "PAGEDLLAMA_ELASTIC_THREADS).")
         changes = family(CounterMetricFamily, "thread_changes", "Changes of a context's thread "
                          "count by the contention-aware thread governor.")
+        drafts = family(CounterMetricFamily, "spec_decode_num_drafts", "Speculative decoding: "
+                        "drafts verified (one per sequence and step that verified drafted "
+                        "tokens).")
+        draft_tokens = family(CounterMetricFamily, "spec_decode_num_draft_tokens", "Speculative "
+                              "decoding: drafted tokens verified by the model.")
+        accepted = family(CounterMetricFamily, "spec_decode_num_accepted_tokens", "Speculative "
+                          "decoding: drafted tokens the model accepted.")
+        per_pos = CounterMetricFamily(PREFIX + "spec_decode_num_accepted_tokens_per_pos",
+                                      "Speculative decoding: drafted tokens accepted, by their "
+                                      "position in the draft (0: the first).",
+                                      labels=[MODEL, "position"])
         for model, s in model_states(self.observer.workers()).items():
             running.add_metric([model], s.running)
             waiting.add_metric([model], s.waiting)
@@ -361,7 +394,13 @@ class _StateCollector(Collector):
             preemptions.add_metric([model], s.num_preemptions)
             threads.add_metric([model], s.threads)
             changes.add_metric([model], s.thread_changes)
-        yield from (running, waiting, kv, queries, hits, preemptions, threads, changes)
+            drafts.add_metric([model], s.spec_drafts)
+            draft_tokens.add_metric([model], s.spec_draft_tokens)
+            accepted.add_metric([model], s.spec_accepted_tokens)
+            for pos, n in enumerate(s.spec_accepted_per_pos):
+                per_pos.add_metric([model, str(pos)], n)
+        yield from (running, waiting, kv, queries, hits, preemptions, threads, changes, drafts,
+                    draft_tokens, accepted, per_pos)
         yield from self._models()
         yield from self._process()
 

@@ -57,6 +57,8 @@ class RequestOutput:
     cached_tokens: int | None = None
     usage_reported: bool = False
     finish_reason: str | None = None
+    drafted: int | None = None         # llama-server's timings: drafted tokens it verified
+    draft_accepted: int | None = None  # and of those, accepted (speculative decoding)
 
     @property
     def ttft(self) -> float:
@@ -160,6 +162,9 @@ def _read_chunk(obj: dict, chat: bool, now: float, out: RequestOutput, parts: li
     timings = obj.get("timings")   # llama-server: prompt tokens taken from its cache
     if timings and timings.get("cache_n") is not None and out.cached_tokens is None:
         out.cached_tokens = int(timings["cache_n"])
+    if timings and timings.get("draft_n") is not None:   # and its speculative decoding
+        out.drafted = int(timings["draft_n"])
+        out.draft_accepted = int(timings.get("draft_n_accepted") or 0)
     for choice in obj.get("choices") or []:
         text = (choice.get("delta") or {}).get("content") if chat else choice.get("text")
         if text:

@@ -127,6 +127,22 @@ def chat_dataset(n_requests: int, input_len: int, turns: int, cal: Calibration,
     return out
 
 
+def extractive_dataset(path: str | None = None) -> list[Conversation]:
+    """The extractive set (benchmarks/data/extractive.jsonl): chat requests whose answers copy
+    text of their prompts (code, text and JSON edits, quoting answers), tagged by kind."""
+    import json
+    from pathlib import Path
+
+    file = Path(path) if path else Path(__file__).parents[1] / "data" / "extractive.jsonl"
+    out = []
+    for line in file.read_text().splitlines():
+        if line.strip():
+            item = json.loads(line)
+            out.append(Conversation([item["messages"][-1]["content"]], plain=False,
+                                    tag=item["kind"]))
+    return out
+
+
 def token_dataset(n: int, input_len: int, n_vocab: int, seed: int,
                   low: int = 256) -> list[list[int]]:
     """Random token-id prompts (for /v1/completions and the raw engine loop), away from the

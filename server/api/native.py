@@ -49,6 +49,8 @@ async def health(http: HTTPRequest):
                       "max_batch_tokens": lm.workers[0].config.max_batch_tokens,
                       "kv_type": lm.spec.engine.kv_type, "kv_unified": lm.spec.engine.kv_unified,
                       "cache_seqs": lm.workers[0].config.n_seq_max - lm.spec.engine.max_seqs,
+                      "speculative": lm.workers[0].speculative_note,
+                      "max_draft": lm.spec.engine.max_draft,
                       "contexts": [asdict(w.snapshot()) for w in lm.workers]}
         models[name] = about
     return {"status": "ok", "memory": svc.catalog.memory(), "models": models}

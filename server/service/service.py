@@ -444,10 +444,13 @@ class Service:
         choices = [r for _, p in parts for r in p.group]
         first = req.state.first_token_time
         ttft = f"{first - req.arrival_time:.3f}s" if first else "-"
-        log.info("%s %s %s model=%s prompt=%d cached=%d completion=%d%s ttft=%s total=%.3fs "
+        drafted = sum(r.num_drafted for r in choices)
+        spec = (f" drafted={drafted} accepted={sum(r.num_accepted for r in choices)}"
+                if drafted else "")
+        log.info("%s %s %s model=%s prompt=%d cached=%d completion=%d%s%s ttft=%s total=%.3fs "
                  "finish=%s", http.method, http.url.path, outcome, worker.name,
                  sum(len(p.prompt) for _, p in parts), sum(p.num_cached for _, p in parts),
-                 sum(r.num_output for r in choices),
+                 sum(r.num_output for r in choices), spec,
                  f" choices={len(choices)}" if len(choices) > 1 else "", ttft,
                  now - req.arrival_time, req.finish_reason or "cancelled")
 

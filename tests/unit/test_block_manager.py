@@ -3,7 +3,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from kvcache import BlockManager, CopyOp
+from kvcache import BlockManager, CopyOp, RemoveOp
 from tests.fakes import FakeKV
 
 BS = 4
@@ -263,6 +263,33 @@ class ManagerMachine(RuleBasedStateMachine):
         entry[2] = end
 
     @precondition(lambda self: self.live)
+    @rule(i=st.integers(0, 10), n_draft=st.integers(1, 9), n_accepted=st.integers(0, 9))
+    def verify_a_draft(self, i, n_draft, n_accepted):
+        """Speculative decoding: the pending tokens and n_draft drafted ones are computed in
+        one piece; the first n_accepted drafted tokens are accepted with the model's own next
+        token after them, and the rest leave the KV (rollback). Only verified tokens are
+        committed to the prefix cache."""
+        entry = self.live[i % len(self.live)]
+        alloc, tokens, done = entry
+        if done >= len(tokens):
+            tokens.append(1000 + len(tokens))   # the sampled token, not yet computed
+        draft = [2000 + len(tokens) + p for p in range(n_draft)]
+        guessed = tokens + draft
+        if not self.manager.ensure(alloc, len(guessed)):
+            return
+        self.kv.apply(self.manager.take_ops())
+        for pos in range(done, len(guessed)):
+            self.kv.write(alloc.seq_id, pos, tuple(guessed[:pos + 1]))
+        self.manager.commit(alloc, tokens, len(tokens))   # the pending tokens are verified
+        tokens += draft[:min(n_accepted, n_draft)]
+        verified = len(tokens)
+        tokens.append(3000 + verified)                    # the model's token after them
+        self.manager.rollback(alloc, verified)
+        self.manager.commit(alloc, tokens, verified)
+        self.kv.apply(self.manager.take_ops())
+        entry[2] = verified
+
+    @precondition(lambda self: self.live)
     @rule(i=st.integers(0, 10))
     def ride_on_the_cache(self, i):
         """Take blocks another sequence computed since this one opened (in-flight sharing)."""
@@ -467,6 +494,25 @@ def test_evicting_a_chain_leaves_each_holder_the_cells_of_its_own_blocks_only():
     kv.apply(manager.take_ops())
     assert manager.num_cached_blocks == 1 and kv.used_cells == BS
     assert sorted(kv.seqs[h.seq_id]) == list(range(BS))
+
+
+def test_a_rollback_removes_the_rejected_tokens_and_frees_their_blocks():
+    manager, kv = make(num_blocks=8)
+    tokens = list(range(6))
+    a = manager.open(tokens, 5, 7)
+    compute(manager, kv, a, tokens, 0, 6)
+    tokens.append(50)                                  # sampled; 6 drafted tokens after it
+    guessed = tokens + [60, 61, 62, 63, 64, 65]
+    assert manager.ensure(a, len(guessed)) and len(a.blocks) == 4
+    for pos in range(6, len(guessed)):
+        kv.write(a.seq_id, pos, tuple(guessed[:pos + 1]))
+    free = manager.num_free_blocks
+    manager.rollback(a, 8)                             # 50 and 60 verified, 61 rejected
+    assert manager.take_ops() == [RemoveOp(a.seq_id, 8)]
+    kv.apply([RemoveOp(a.seq_id, 8)])
+    assert len(a.blocks) == 2 and manager.num_free_blocks == free + 2
+    assert kv.read(a.seq_id) == [tuple(guessed[:p + 1]) for p in range(8)]
+    manager.check_invariants()
 
 
 def test_everything_returns_after_all_sequences_end():

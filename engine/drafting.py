@@ -1,0 +1,245 @@
+"""Draftless drafts: guesses of a sequence's next tokens from text it has seen, for the model to
+check in one step (speculative decoding without a draft model; docs/scheduling.md,
+"Speculative decoding").
+
+Two sources, tried in this order:
+- the sequence's own tokens (prompt lookup): where the last n tokens (n from the longest size
+  down) occurred before in its prompt or output, the tokens that followed them there. A
+  `SequenceIndex` keeps, for every n-gram of the sequence, where it last ended: one dict insert
+  per size and token, one lookup per size and draft.
+- a table shared by the sequences of a context (`SharedTable`, in the spirit of llama.cpp's
+  `ngram-mod`): a fixed number of slots, each the token that last followed an n-gram of any
+  prompt or output, keyed by the n-gram's hash (checked in full, so collisions never draft);
+  a draft follows it token by token. Answers that repeat across requests (the same JSON shape,
+  the same code) draft from it.
+
+Memory is bounded: a sequence's index holds at most `len(sizes)` entries per token of the
+sequence (which n_ctx bounds) and is dropped with it; the shared table has a fixed size.
+
+A sequence's acceptance (`Acceptance`) is the chance that a drafted token is accepted given
+that the ones before it were, estimated from its recent verifications; the speculation policy
+(scheduler/speculation.py) turns it and the measured step costs into how many drafted tokens
+each sequence verifies in a step. Pure Python: no llama_cpp here.
+"""
+from __future__ import annotations
+
+from array import array
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+# n-gram sizes of prompt lookup, longest first: a longer match predicts better
+LOOKUP_SIZES = (4, 3, 2)
+# the shared table's n-gram size and slots (2**20 slots: 12 MB)
+SHARED_NGRAM = 6
+SHARED_SLOTS = 1 << 20
+
+
+class SequenceIndex:
+    """Where each n-gram of one sequence's tokens last ended, for n in `sizes`: the position of
+    the token that followed it. Tokens are indexed as they are appended (`update`)."""
+
+    __slots__ = ("sizes", "maps", "next_end")
+
+    def __init__(self, sizes: Sequence[int] = LOOKUP_SIZES):
+        self.sizes = tuple(sorted(sizes, reverse=True))
+        self.maps: list[dict[tuple[int, ...], int]] = [{} for _ in self.sizes]
+        self.next_end = 1   # the next end position to index (an n-gram ending there)
+
+    def update(self, tokens: Sequence[int]) -> None:
+        """Index the n-grams that end before the last token (each has a token after it)."""
+        end = len(tokens)
+        for e in range(self.next_end, end):
+            for n, m in zip(self.sizes, self.maps):
+                if e >= n:
+                    m[tuple(tokens[e - n:e])] = e
+        self.next_end = max(self.next_end, end)
+
+    def lookup(self, tokens: Sequence[int], k: int) -> list[int]:
+        """Up to k tokens that followed the latest earlier occurrence of the longest suffix of
+        `tokens` that occurred before (none: an empty list). `tokens` must be what `update` saw,
+        possibly with more appended."""
+        self.update(tokens)
+        end = len(tokens)
+        for n, m in zip(self.sizes, self.maps):
+            if end <= n:
+                continue
+            at = m.get(tuple(tokens[end - n:end]))
+            if at is not None:
+                return list(tokens[at:min(at + k, end)])
+        return []
+
+
+class SharedTable:
+    """A bounded n-gram -> next-token table shared by the sequences of one context: `slots`
+    slots addressed by the n-gram's hash, each holding the full hash (checked on lookup) and
+    the token that last followed that n-gram. Newer text overwrites older in a taken slot."""
+
+    def __init__(self, n: int = SHARED_NGRAM, slots: int = SHARED_SLOTS):
+        if slots & (slots - 1):
+            raise ValueError("slots must be a power of two")
+        self.n, self.mask = n, slots - 1
+        self.keys = array("q", bytes(8 * slots))
+        self.values = array("i", [-1]) * slots
+        self.used = 0
+
+    @property
+    def size_bytes(self) -> int:
+        return self.keys.itemsize * len(self.keys) + self.values.itemsize * len(self.values)
+
+    def add(self, tokens: Sequence[int], start: int = 0) -> None:
+        """Enter every n-gram of `tokens` that ends at or after `start` and has a token after
+        it."""
+        n, mask, keys, values = self.n, self.mask, self.keys, self.values
+        for e in range(max(start, n), len(tokens)):
+            h = _key(tokens[e - n:e])
+            slot = h & mask
+            if values[slot] < 0:
+                self.used += 1
+            keys[slot], values[slot] = h, tokens[e]
+
+    def lookup(self, tokens: Sequence[int], k: int) -> list[int]:
+        """Up to k tokens after `tokens`, each the one that last followed the n tokens before
+        it (its own drafted tokens included)."""
+        n = self.n
+        if len(tokens) < n:
+            return []
+        window = list(tokens[-n:])
+        out: list[int] = []
+        mask, keys, values = self.mask, self.keys, self.values
+        while len(out) < k:
+            h = _key(window)
+            slot = h & mask
+            token = values[slot]
+            if token < 0 or keys[slot] != h:
+                break
+            out.append(token)
+            window.append(token)
+            del window[0]
+        return out
+
+
+def _key(ngram: Sequence[int]) -> int:
+    """A 64-bit signed key of an n-gram (Python's tuple hash of ints: the same in every run)."""
+    return hash(tuple(ngram))
+
+
+def verify(draft: Sequence[int], sample: Callable[[int], int | None],
+           emit: Callable[[int | None], bool]) -> int:
+    """Check a draft against the model: for each position i (0: after the sequence's last
+    token, i: after draft[:i]) `sample(i)` draws the model's token from that position's
+    logits, as decoding one token at a time would, and `emit` appends it (True: the sequence
+    ended there). Drafted tokens are accepted while the draw equals them; the first draw that
+    differs (or the draw after a draft accepted whole) is the model's own next token. Returns
+    how many drafted tokens were accepted.
+
+    Greedy, this is the longest prefix of the draft the model agrees with, and its next token.
+    Sampled, it is the speculative sampling rule for a draft that puts all its probability on
+    x = draft[i]: accept x with probability min(1, p(x) / 1) = p(x) (the draw equals x), and on
+    a rejection draw from (p - 1_x)+ renormalized, p without x (the draw, given it is not x).
+    Every token emitted is distributed as the model's next token given the ones before it."""
+    accepted = 0
+    for i in range(len(draft) + 1):
+        token = sample(i)
+        if emit(token) or i == len(draft) or token != draft[i]:
+            break
+        accepted += 1
+    return accepted
+
+
+@dataclass
+class Acceptance:
+    """A sequence's recent verifications: the chance that a drafted token is accepted given
+    that the drafted tokens before it were (a geometric model: each verification of k drafted
+    tokens that accepted j counts j acceptances and, when j < k, one rejection), with older
+    verifications weighing less (`decay` per verification) and a prior of `prior_accepted`
+    acceptances against `prior_rejected` rejections."""
+    accepted: float = 0.0
+    rejected: float = 0.0
+    decay: float = 0.7
+    prior_accepted: float = 1.0
+    prior_rejected: float = 1.0
+
+    @property
+    def rate(self) -> float:
+        a, r = self.accepted + self.prior_accepted, self.rejected + self.prior_rejected
+        return a / (a + r)
+
+    def observe(self, drafted: int, accepted: int) -> None:
+        if drafted <= 0:
+            return
+        self.accepted = self.decay * self.accepted + accepted
+        self.rejected = self.decay * self.rejected + (1.0 if accepted < drafted else 0.0)
+
+
+def expected_tokens(rate: float, k: int) -> float:
+    """Tokens a verification of k drafted tokens yields on average (the accepted ones and the
+    model's own next token), when each is accepted with probability `rate` given the ones
+    before it: 1 + rate + rate^2 + ... + rate^k."""
+    if rate >= 1.0:
+        return k + 1.0
+    return (1.0 - rate ** (k + 1)) / (1.0 - rate)
+
+
+@dataclass
+class DraftState:
+    """What the drafter keeps for one sequence."""
+    index: SequenceIndex = field(default_factory=SequenceIndex)
+    acceptance: Acceptance = field(default_factory=Acceptance)
+    shared_from: int = 0   # tokens of the sequence already entered in the shared table
+    drafted: int = 0       # tokens drafted and verified, over the sequence's life
+    accepted: int = 0      # of those, accepted
+
+
+class Drafter:
+    """Drafts for the sequences of one context: each sequence's own index, then the shared
+    table. `max_tokens`: the most tokens one draft may hold. A new sequence's acceptance
+    starts from the context's recent one (on text that never repeats, new sequences start
+    low and draft only once their own drafts prove out)."""
+
+    def __init__(self, max_tokens: int = 8, sizes: Sequence[int] = LOOKUP_SIZES,
+                 shared_n: int = SHARED_NGRAM, shared_slots: int = SHARED_SLOTS,
+                 shared: bool = True):
+        self.max_tokens = max_tokens
+        self.sizes = tuple(sizes)
+        self.shared = SharedTable(shared_n, shared_slots) if shared else None
+        # the context's recent acceptance: a new sequence's prior (weighing two verifications)
+        self.prior = Acceptance(decay=0.9)
+
+    def start(self) -> DraftState:
+        """A new sequence's state. Its tokens go into the shared table (and its own index) when
+        it first drafts, and the rest of them when it ends (`finish`): a sequence that never
+        drafts (the steps were compute-bound) costs nothing."""
+        state = DraftState(SequenceIndex(self.sizes))
+        state.acceptance = Acceptance(prior_accepted=self.prior.rate * 2,
+                                      prior_rejected=(1 - self.prior.rate) * 2)
+        return state
+
+    def finish(self, state: DraftState, tokens: Sequence[int]) -> None:
+        """A sequence ended: the rest of its tokens go into the shared table, if it drafted."""
+        if state.shared_from:
+            self._share(state, tokens)
+
+    def draft(self, state: DraftState, tokens: Sequence[int], k: int | None = None) -> list[int]:
+        """Up to k (default max_tokens) tokens that may follow `tokens` (the sequence's prompt
+        and output, its last token sampled but not yet computed)."""
+        k = self.max_tokens if k is None else min(k, self.max_tokens)
+        if k <= 0:
+            return []
+        self._share(state, tokens)
+        own = state.index.lookup(tokens, k)
+        if len(own) >= k or self.shared is None:
+            return own
+        other = self.shared.lookup(tokens, k)
+        return other if len(other) > len(own) else own
+
+    def observe(self, state: DraftState, drafted: int, accepted: int) -> None:
+        """A verification of `drafted` tokens accepted `accepted` of them."""
+        state.acceptance.observe(drafted, accepted)
+        self.prior.observe(drafted, accepted)
+        state.drafted += drafted
+        state.accepted += accepted
+
+    def _share(self, state: DraftState, tokens: Sequence[int]) -> None:
+        if self.shared is not None and len(tokens) > state.shared_from:
+            self.shared.add(tokens, state.shared_from)
+            state.shared_from = len(tokens)

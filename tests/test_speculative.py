@@ -1,0 +1,321 @@
+"""Speculative decoding with a real model: greedy answers are the same with it on, off or
+adaptive, alone and beside other streams; every per-token feature keeps working inside a
+verification (stop strings, max_tokens, grammars, logprobs, n > 1, preemption, cancellation,
+usage); the KV books agree with llama.cpp after rollbacks; and where a verification piece would
+compute other numbers than decoding (plain attention) speculation stays off."""
+import asyncio
+import time
+
+import pytest
+
+from benchmarks.harness.datasets import extractive_dataset
+from engine import EngineConfig, Model, Request, SamplingParams, Worker
+from engine.llama import Context, ContextConfig
+from tests.devices import TEST_GPU_LAYERS, cpu_exact
+from tests.engine_helpers import idle
+from tests.server_proc import SMOLLM2
+from tests.test_engine import expected_ranges
+
+
+@pytest.fixture(scope="module")
+def model():
+    m = Model(SMOLLM2, n_gpu_layers=TEST_GPU_LAYERS)
+    yield m
+    m.close()
+
+
+def make_worker(model, speculative="ngram", policy="always", **overrides):
+    cfg = dict(n_ctx=1024, max_seqs=8, cache_seqs=8, max_batch_tokens=256, prefill_chunk=16,
+               speculative=speculative, spec_policy=policy, max_draft=6)
+    cfg.update(overrides)
+    worker = Worker("test", model, EngineConfig(**cfg))
+    worker.start()
+    return worker
+
+
+def chat(model, text: str) -> list[int]:
+    return model.tokenize(f"<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n",
+                          add_special=False)
+
+
+def extractive_prompts(model, n: int = 6) -> list[list[int]]:
+    convs = extractive_dataset()
+    picks = [convs[i] for i in (0, 8, 16, 24, 1, 9, 17, 25)][:n]   # code, text, json, quote
+    return [chat(model, c.user_turns[0]) for c in picks]
+
+
+async def collect(worker, prompt, **params):
+    """(text, token count, finish reason, logprobs, events) of one request."""
+    params.setdefault("temperature", 0)
+    params.setdefault("max_tokens", 80)
+    priority = params.pop("priority", 0)
+    req = Request(list(prompt), SamplingParams(**params), priority=priority)
+    queue = worker.submit(req)
+    parts, n, logprobs, events = [], 0, [], 0
+    while True:
+        event = await queue.get()
+        events += 1
+        parts.append(event.text)
+        n += event.num_tokens
+        logprobs += event.logprobs or []
+        if event.finish_reason:
+            assert event.error is None, event.error
+            return "".join(parts), n, str(event.finish_reason), logprobs, events, req
+
+
+def run_all(worker, prompts, **params):
+    async def main():
+        return await asyncio.gather(*[collect(worker, p, **params) for p in prompts])
+    return asyncio.run(main())
+
+
+def answers(worker, prompts, concurrent=True, **params):
+    if concurrent:
+        return [r[:3] for r in run_all(worker, prompts, **params)]
+    return [run_all(worker, [p], **params)[0][:3] for p in prompts]
+
+
+@cpu_exact
+def test_greedy_answers_are_the_same_with_speculation_on_off_and_adaptive(model):
+    """Off, always (every draft verified whole: many piece lengths, rejections, rollbacks) and
+    adaptive (the default policy), each alone and with 6 streams at once: one set of answers."""
+    prompts = extractive_prompts(model)
+    results, drafted = {}, {}
+    for name, speculative, policy in (("off", "off", "adaptive"), ("always", "ngram", "always"),
+                                      ("adaptive", "ngram", "adaptive")):
+        worker = make_worker(model, speculative, policy)
+        try:
+            alone = answers(worker, prompts, concurrent=False)
+            together = answers(worker, prompts)
+            results[name] = (alone, together)
+            drafted[name] = (worker.spec.draft_tokens, worker.spec.accepted_tokens)
+            idle(worker)
+            worker.manager.check_invariants()
+        finally:
+            worker.stop()
+    assert results["always"] == results["off"]
+    assert results["adaptive"] == results["off"]
+    assert results["off"][0] == results["off"][1]       # alone and together, the same
+    tokens, accepted = drafted["always"]
+    assert drafted["off"] == (0, 0) and tokens > 100 and 0 < accepted < tokens
+
+
+@cpu_exact
+def test_a_seeded_sampled_request_gives_the_same_answer_with_speculation_on_and_off(model):
+    """Each position of a verification piece is one draw with the request's own generator, in
+    order, as decoding one token at a time: drafts change no sampled answer either."""
+    prompts = extractive_prompts(model, 4)
+    outs = {}
+    for speculative in ("off", "ngram"):
+        worker = make_worker(model, speculative)
+        try:
+            outs[speculative] = [
+                answers(worker, prompts, temperature=0.7, seed=11 + i, top_k=40)
+                for i in range(2)]
+        finally:
+            worker.stop()
+    assert outs["ngram"] == outs["off"]
+
+
+@cpu_exact
+def test_stop_strings_max_tokens_logprobs_and_grammars_inside_verification(model):
+    """Every per-token feature gives what it gives without speculation: a stop string that
+    ends inside a verified draft, max_tokens reached inside one, logprobs of every accepted
+    token, and a JSON schema whose grammar cuts drafts and masks tokens."""
+    prompts = extractive_prompts(model, 4)
+    schema = {"type": "object", "properties": {"service": {"type": "string"},
+                                               "workers": {"type": "integer"}},
+              "required": ["service", "workers"]}
+    from engine.grammar import from_json_schema
+    cases = [dict(stop=["total", "\n\n"], max_tokens=60), dict(max_tokens=7),
+             dict(max_tokens=40, logprobs=3),
+             dict(max_tokens=60, grammar=from_json_schema(schema))]
+    outs = {}
+    for speculative in ("off", "ngram"):
+        worker = make_worker(model, speculative)
+        try:
+            outs[speculative] = []
+            for case in cases:
+                for r in run_all(worker, prompts, **case):
+                    lps = [(lp.token, round(lp.logprob, 6), lp.top) for lp in r[3]]
+                    outs[speculative].append((r[0], r[1], r[2], lps))
+            if speculative == "ngram":
+                assert worker.spec.accepted_tokens > 0
+        finally:
+            worker.stop()
+    assert outs["ngram"] == outs["off"]
+    assert all(o[0].startswith('{"service": ') for o in outs["ngram"][-4:])   # the grammar's
+    logprob_answers = outs["ngram"][8:12]
+    assert all(len(o[3]) == o[1] for o in logprob_answers)   # one per token
+
+
+@cpu_exact
+def test_n_choices_verify_drafts_each_on_their_own(model):
+    prompts = extractive_prompts(model, 2)
+    outs = {}
+    for speculative in ("off", "ngram"):
+        worker = make_worker(model, speculative)
+        try:
+            async def main(prompt):
+                params = SamplingParams(max_tokens=50, temperature=0)
+                req = Request(list(prompt), params)
+                req.forks = [Request(list(prompt), params, index=i) for i in (1, 2)]
+                queue = worker.submit(req)
+                texts, done = ["", "", ""], 0
+                while done < 3:
+                    e = await queue.get()
+                    assert e.error is None, e.error
+                    texts[e.index] += e.text
+                    done += bool(e.finish_reason)
+                return texts
+            outs[speculative] = [asyncio.run(main(p)) for p in prompts]
+            if speculative == "ngram":
+                assert worker.spec.accepted_tokens > 0
+        finally:
+            worker.stop()
+    assert outs["ngram"] == outs["off"]
+    assert all(t[0] == t[1] == t[2] for t in outs["ngram"])
+
+
+@cpu_exact
+@pytest.mark.parametrize("mode", ["swap", "recompute"])
+def test_a_preempted_sequence_finishes_with_its_unpreempted_answer(model, mode):
+    """A low-priority answer preempted by a high-priority request mid-way (its drafts dropped,
+    its KV swapped to RAM or dropped and recomputed as a prompt) finishes with the answer it
+    gives unpreempted, with speculation on and off."""
+    bulk_prompt, vip_prompt = extractive_prompts(model, 2)
+    outs = {}
+    for speculative in ("off", "ngram"):
+        worker = make_worker(model, speculative, scheduler="priority", max_seqs=1,
+                             preemption=mode, prefix_caching=False)
+        try:
+            alone = run_all(worker, [bulk_prompt], max_tokens=80)[0][:3]
+
+            async def main():
+                bulk = asyncio.ensure_future(collect(worker, bulk_prompt, max_tokens=80,
+                                                     priority=10))
+                deadline = time.monotonic() + 60
+                while not worker.scheduler.running or worker.scheduler.running[0].num_output < 12:
+                    assert not bulk.done() and time.monotonic() < deadline, "bulk never ran"
+                    await asyncio.sleep(0.002)
+                vip = await collect(worker, vip_prompt, max_tokens=8, priority=0)
+                return (await bulk)[:3], vip[:3]
+            preempted, vip = asyncio.run(main())
+            assert worker.scheduler.num_preemptions >= 1
+            outs[speculative] = (alone, preempted, vip)
+        finally:
+            worker.stop()
+    assert outs["ngram"] == outs["off"]
+    assert outs["ngram"][0] == outs["ngram"][1]
+
+
+def test_a_request_cancelled_while_it_verifies_drafts_frees_everything(model):
+    worker = make_worker(model)
+    try:
+        async def main():
+            req = Request(list(extractive_prompts(model, 1)[0]),
+                          SamplingParams(max_tokens=300, temperature=0, ignore_eos=True))
+            queue = worker.submit(req)
+            while req.num_accepted < 5:
+                await queue.get()
+            worker.cancel(req)
+            return req
+        req = asyncio.run(main())
+        idle(worker)
+        assert req.finished and str(req.finish_reason) == "abort"
+        worker.manager.check_invariants()
+        assert worker.manager.num_used_blocks == 0
+        expected = expected_ranges(worker)
+        for seq_id in range(worker.config.n_seq_max):
+            assert worker.context.seq_pos_range(seq_id) == expected.get(seq_id, (-1, -1))
+    finally:
+        worker.stop()
+
+
+def test_usage_counts_every_token_and_events_carry_several(model):
+    """A step that accepts drafted tokens hands them over as one event (one SSE chunk) whose
+    token count is theirs; the counts add up to the answer's tokens."""
+    worker = make_worker(model)
+    try:
+        prompt = extractive_prompts(model, 1)[0]
+        text, n, reason, _, events, req = run_all(worker, [prompt], max_tokens=120)[0]
+        assert n == req.num_output and req.num_accepted > 0 and events < n
+        assert req.num_drafted >= req.num_accepted
+    finally:
+        worker.stop()
+
+
+@pytest.mark.parametrize("unified", [False, True])
+def test_manager_view_agrees_with_llama_cpp_after_rollbacks(model, unified):
+    worker = make_worker(model, kv_unified=unified, n_ctx=1024, cache_seqs=4)
+    try:
+        run_all(worker, extractive_prompts(model, 4), max_tokens=60)
+        idle(worker)
+        assert worker.spec.accepted_tokens < worker.spec.draft_tokens   # rejections happened
+        worker.manager.check_invariants()
+        assert worker.manager.num_used_blocks == 0
+        expected = expected_ranges(worker)
+        for seq_id in range(worker.config.n_seq_max):
+            got = worker.context.seq_pos_range(seq_id)
+            assert got == expected.get(seq_id, (-1, -1)), (seq_id, got, expected.get(seq_id))
+    finally:
+        worker.stop()
+
+
+@cpu_exact
+@pytest.mark.parametrize("flash_attn,kv_type,exact", [
+    (True, "f16", True), (True, "q8_0", True), (False, "f16", False)],
+    ids=["flash-f16", "flash-q8_0", "plain"])
+def test_a_verification_piece_computes_what_decoding_computes_except_with_plain_attention(
+        model, flash_attn, kv_type, exact):
+    """The fact speculation's exactness rests on, per attention kernel: a token inside a piece
+    of 2, 3, 5 or 9 tokens gets bitwise the logits (and writes the KV) it gets decoded alone,
+    with flash attention on its exact paths. With plain attention it does not (the Q·K products
+    of 2+ query rows of a sequence go through llamafile's tinyBLAS), so a worker with plain
+    attention keeps speculation off, and says so."""
+    ctx = Context(model, ContextConfig(n_ctx=512, n_seq_max=1, n_batch=64, n_threads=2,
+                                       kv_unified=False, flash_attn=flash_attn, kv_type=kv_type))
+    try:
+        assert ctx.pieces_match_decoding() == exact
+    finally:
+        ctx.close()
+    worker = make_worker(model, flash_attn=flash_attn, kv_type=kv_type)
+    try:
+        assert worker.speculative == exact
+        assert worker.speculative_note.startswith("ngram" if exact else "off:")
+    finally:
+        worker.stop()
+
+
+def test_health_metrics_and_stats_show_speculation():
+    """/health names the mode and the bound; /metrics has vLLM's counters, whose values agree
+    with /stats and with each other (a token accepted at position i was accepted at every
+    position before it)."""
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from tests.server_proc import SMOLLM2_NAME, running_server
+    convs = extractive_dataset()
+    env = {"PAGEDLLAMA_SPECULATIVE": "ngram", "PAGEDLLAMA_MAX_DRAFT": "5"}
+    with running_server(env) as base:
+        for conv in convs[:2]:
+            r = httpx.post(f"{base}/v1/chat/completions", timeout=300, json={
+                "model": SMOLLM2_NAME, "max_tokens": 60, "temperature": 0,
+                "messages": [{"role": "user", "content": conv.user_turns[0]}]})
+            assert r.status_code == 200, r.text
+        health = httpx.get(f"{base}/health", timeout=10).json()["models"][SMOLLM2_NAME]
+        assert health["speculative"] == "ngram" and health["max_draft"] == 5
+        stats = httpx.get(f"{base}/stats", timeout=10).json()
+        text = httpx.get(f"{base}/metrics", timeout=10).text
+    samples = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            samples[(s.name, s.labels.get("position"))] = s.value
+    p = "pagedllama:spec_decode_"
+    drafts = samples[(p + "num_drafts_total", None)]
+    drafted = samples[(p + "num_draft_tokens_total", None)]
+    accepted = samples[(p + "num_accepted_tokens_total", None)]
+    per_pos = [samples[(p + "num_accepted_tokens_per_pos_total", str(i))] for i in range(5)]
+    assert drafted == stats["spec_draft_tokens"] and accepted == stats["spec_accepted_tokens"]
+    assert 0 <= accepted <= drafted <= 5 * drafts and sum(per_pos) == accepted
+    assert per_pos == sorted(per_pos, reverse=True) and per_pos[0] <= drafts

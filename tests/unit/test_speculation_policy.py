@@ -1,0 +1,172 @@
+"""The speculation policy (scheduler/speculation.py) on step costs, and the scheduler's
+verification pieces: which sequences verify how many drafted tokens, and the KV books after."""
+import pytest
+
+from kvcache import BlockManager, RemoveOp
+from scheduler import Scheduler, Sequence, make_policy
+from scheduler.costs import CallModel, StepCosts
+from scheduler.speculation import Candidate, choose, worth_drafting
+
+# A decode call of n tokens on the 2-core VM: ~a + b·n (see the recorded costs below)
+A, B, OVERHEAD = 3.5e-3, 3.5e-3, 1.0e-3
+
+
+def test_one_stream_drafts_when_its_drafts_are_accepted_often_enough():
+    assert choose([Candidate(0, 8, 0.3)], 1, A, B, OVERHEAD).length == 0
+    good = choose([Candidate(0, 8, 0.9)], 1, A, B, OVERHEAD)
+    assert good.length >= 3 and good.keys == {0}
+    assert good.tokens_per_s > 1.3 * good.baseline_tokens_per_s
+
+
+def test_drafts_stop_paying_as_the_step_becomes_compute_bound():
+    """The same acceptance drafts less as streams are added, and not at all at 16."""
+    lengths = [choose([Candidate(i, 8, 0.9) for i in range(n)], n, A, B, OVERHEAD).length
+               for n in (1, 2, 4, 8, 16)]
+    assert lengths[0] > 0 and lengths == sorted(lengths, reverse=True) and lengths[-1] == 0
+    assert not worth_drafting(16, A, B, OVERHEAD)
+    assert worth_drafting(1, A, B, OVERHEAD)
+
+
+def test_only_the_sequences_whose_drafts_pay_verify_them():
+    cands = [Candidate(0, 8, 0.95), Candidate(1, 8, 0.1), Candidate(2, 8, 0.95)]
+    choice = choose(cands, 3, A, B, OVERHEAD)
+    assert choice.length > 0 and choice.keys == {0, 2}
+
+
+def test_a_short_draft_is_not_padded_and_a_long_one_is_cut():
+    choice = choose([Candidate(0, 2, 0.99), Candidate(1, 12, 0.99)], 2, A, B, OVERHEAD,
+                    max_length=8)
+    assert choice.length <= 8
+    if choice.length > 2:
+        assert choice.keys == {1}
+
+
+def test_a_weight_bound_step_drafts_more():
+    """Where streaming the weights dominates a call (a >> b, a larger model or a GPU), drafts
+    pay at far lower acceptance and at more streams."""
+    assert choose([Candidate(i, 8, 0.5) for i in range(8)], 8, 20e-3, 0.5e-3).length > 0
+    assert choose([Candidate(i, 8, 0.5) for i in range(8)], 8, A, B).length == 0
+
+
+def test_the_call_model_separates_a_calls_fixed_cost_from_its_tokens():
+    model = CallModel()
+    for n in (1, 9, 1, 5, 1, 9, 3):
+        model.observe(n, A + B * n)
+    a, b = model.fit(prior_b=2 * B)           # the calls outweigh a poor prior
+    assert a == pytest.approx(A, rel=0.15) and b == pytest.approx(B, rel=0.1)
+    same = CallModel()
+    for _ in range(10):
+        same.observe(4, A + 4 * B)
+    assert same.fit(prior_b=None) is None     # one size only: b cannot be told from a
+    a, b = same.fit(prior_b=B)
+    assert b == pytest.approx(B, rel=0.05) and a == pytest.approx(A, rel=0.1)
+
+
+# Recorded on the 2-core AMD EPYC VM (SmolLM2-135M Q4_1, 2 threads, flash attention, ~400
+# tokens of context): llama_decode calls of decoding pieces, (tokens, seconds).
+RECORDED_CALLS = [(1, 0.0071), (2, 0.0108), (3, 0.0142), (5, 0.0212), (9, 0.0351), (4, 0.0198),
+                  (8, 0.0322), (16, 0.0601), (1, 0.0072), (17, 0.0640), (12, 0.0461)]
+RECORDED_PROMPT_TOKEN_S = 0.0038
+
+
+def recorded_costs() -> StepCosts:
+    costs = StepCosts()
+    costs.observe_prompt(64, 64 * RECORDED_PROMPT_TOKEN_S)
+    for n, s in RECORDED_CALLS:
+        costs.observe_decode(s, n)
+    costs.observe_overhead(0.0012)
+    return costs
+
+
+def test_on_recorded_costs_one_stream_drafts_and_sixteen_do_not():
+    costs = recorded_costs()
+    a, b = costs.call_model()
+    assert 0.002 < a < 0.005 and 0.003 < b < 0.0045
+    one = choose([Candidate(0, 8, 0.85)], 1, a, b, costs.overhead_s)
+    four = choose([Candidate(i, 8, 0.85) for i in range(4)], 4, a, b, costs.overhead_s)
+    sixteen = choose([Candidate(i, 8, 0.85) for i in range(16)], 16, a, b, costs.overhead_s)
+    assert one.length > 0 and four.length <= one.length and sixteen.length == 0
+
+
+def make_scheduler(num_blocks=256, max_draft=8) -> Scheduler:
+    manager = BlockManager(num_blocks, block_size=4, num_seq_ids=8, prefill_chunk=8)
+    sched = Scheduler(manager, make_policy("fifo"), max_seqs=4, max_batch_tokens=64,
+                      max_draft=max_draft)
+    for n, s in RECORDED_CALLS:
+        sched.costs.observe_decode(s, n)
+    sched.costs.observe_prompt(64, 64 * RECORDED_PROMPT_TOKEN_S)
+    return sched
+
+
+def decoding(sched: Scheduler, prompt: list[int]) -> Sequence:
+    seq = Sequence(prompt, max_tokens=100)
+    sched.add(seq)
+    while not seq.is_decoding or seq.num_computed < len(prompt):
+        plan = sched.schedule()
+        sched.advance(plan)
+        for c in plan.chunks:
+            if c.wants_logits:
+                c.seq.tokens.append(99)
+    return seq
+
+
+def test_a_drafted_sequence_verifies_its_draft_and_rejected_tokens_leave_the_kv():
+    sched = make_scheduler()
+    seq = decoding(sched, list(range(10)))
+    sched.manager.take_ops()
+    seq.draft, seq.draft_rate = [50, 51, 52, 53, 54], 0.95
+    plan = sched.schedule()
+    [chunk] = plan.chunks
+    m = chunk.drafted
+    assert m >= 2 and chunk.tokens == [99] + [50, 51, 52, 53, 54][:m]
+    assert chunk.num_logits == m + 1 and chunk.wants_logits
+    pending = len(seq.tokens)
+    sched.advance(plan)
+    assert seq.num_computed == pending                   # the drafted ones: not yet
+    seq.tokens += [50, 77]                               # 50 accepted, then the model's 77
+    sched.accept_draft(seq, m, 1)
+    assert seq.num_computed == pending + 1 and seq.is_decoding and seq.draft == []
+    assert sched.manager.take_ops() == [RemoveOp(seq.seq_id, pending + 1)]
+    assert len(seq.allocated.blocks) == sched.manager.blocks_for(pending + 1)
+    sched.manager.check_invariants()
+
+
+def test_a_draft_accepted_whole_keeps_its_kv():
+    sched = make_scheduler()
+    seq = decoding(sched, list(range(10)))
+    sched.manager.take_ops()
+    seq.draft, seq.draft_rate = [50, 51], 0.99
+    plan = sched.schedule()
+    assert plan.chunks[0].drafted == 2
+    sched.advance(plan)
+    seq.tokens += [50, 51, 52]
+    sched.accept_draft(seq, 2, 2)
+    assert sched.manager.take_ops() == [] and seq.num_computed == len(seq.tokens) - 1
+
+
+def test_drafts_take_no_block_another_sequence_was_promised():
+    """Each sequence was promised blocks for all its tokens and one more: a draft grows its
+    piece only into blocks beyond those promises (here 1 block: 4 cells), and with none spare
+    it does not draft."""
+    for blocks, spare in ((8, 1), (7, 0)):
+        sched = make_scheduler(num_blocks=blocks)
+        a = decoding(sched, list(range(10)))
+        b = decoding(sched, list(range(100, 110)))
+        assert len(sched.manager.free_list) - sched._promised_blocks() == spare
+        held = len(a.allocated.blocks)
+        a.draft, a.draft_rate = list(range(50, 58)), 0.99
+        plan = sched.schedule()
+        [chunk] = [c for c in plan.chunks if c.seq is a]
+        if spare:
+            assert 0 < chunk.drafted <= (held + spare) * 4 - a.num_computed - 1
+            assert len(a.allocated.blocks) <= held + spare
+        else:
+            assert chunk.drafted == 0 and a.draft == [] and len(a.allocated.blocks) == held
+        assert b.draft == []
+
+
+def test_no_drafts_without_speculation():
+    sched = make_scheduler(max_draft=0)
+    seq = decoding(sched, list(range(10)))
+    seq.draft, seq.draft_rate = [50, 51], 0.99
+    assert sched.schedule().chunks[0].drafted == 0 and seq.draft == []
