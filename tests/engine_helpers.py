@@ -11,3 +11,27 @@ def idle(worker) -> None:
             await asyncio.sleep(0.05)
         raise AssertionError("worker did not go idle")
     asyncio.run(wait())
+
+
+def expected_ranges(worker) -> dict[int, tuple[int, int]]:
+    """The manager's view: which positions each llama.cpp seq id holds."""
+    bs, ranges = worker.manager.block_size, {}
+    for seq in worker.scheduler.running:
+        ranges[seq.seq_id] = (0, seq.num_computed - 1)
+    for block in worker.manager.cache.values():
+        if block.owner not in ranges or block.owner not in worker.manager.live:
+            lo, hi = ranges.get(block.owner, (0, -1))
+            ranges[block.owner] = (0, max(hi, (block.index + 1) * bs - 1))
+    return ranges
+
+
+def assert_books_match_kv(worker) -> dict[int, tuple[int, int]]:
+    """An idle worker's block manager is consistent, holds no sequence's blocks, and says which
+    positions every llama.cpp seq id holds exactly as llama.cpp does; returns that view."""
+    worker.manager.check_invariants()
+    assert worker.manager.num_used_blocks == 0
+    expected = expected_ranges(worker)
+    for seq_id in range(worker.config.n_seq_max):
+        got = worker.context.seq_pos_range(seq_id)
+        assert got == expected.get(seq_id, (-1, -1)), (seq_id, got, expected.get(seq_id))
+    return expected

@@ -8,7 +8,7 @@ import pytest
 from engine import EngineConfig, Model, Request, SamplingParams, Worker
 from engine.llama import Attention
 from tests.devices import TEST_GPU_LAYERS, cpu_exact
-from tests.engine_helpers import idle
+from tests.engine_helpers import assert_books_match_kv, idle
 from tests.server_proc import GEMMA3, SMOLLM2
 
 SYSTEM = ("You are a meticulous assistant. Answer briefly, cite facts, avoid speculation, and "
@@ -62,18 +62,6 @@ QUESTIONS = ["What is rain?", "Name a planet.", "Why is the sky blue?", "What is
              "Give a synonym for fast.", "How many legs has a spider?"]
 
 
-def expected_ranges(worker):
-    """The manager's view: which positions each llama.cpp seq id holds."""
-    bs, ranges = worker.manager.block_size, {}
-    for seq in worker.scheduler.running:
-        ranges[seq.seq_id] = (0, seq.num_computed - 1)
-    for block in worker.manager.cache.values():
-        if block.owner not in ranges or block.owner not in worker.manager.live:
-            lo, hi = ranges.get(block.owner, (0, -1))
-            ranges[block.owner] = (0, max(hi, (block.index + 1) * bs - 1))
-    return ranges
-
-
 @pytest.mark.parametrize("unified,cache_seqs", [(False, 4), (True, 4), (False, 0)])
 def test_manager_view_agrees_with_llama_cpp_after_a_mixed_workload(model, unified, cache_seqs):
     worker = make_worker(model, kv_unified=unified, n_ctx=512, cache_seqs=cache_seqs)
@@ -91,13 +79,7 @@ def test_manager_view_agrees_with_llama_cpp_after_a_mixed_workload(model, unifie
             await asyncio.gather(*jobs)
         asyncio.run(main())
         idle(worker)
-        worker.manager.check_invariants()
-        assert worker.manager.num_used_blocks == 0
-        expected = expected_ranges(worker)
-        assert expected, "nothing stayed cached"
-        for seq_id in range(worker.config.n_seq_max):
-            got = worker.context.seq_pos_range(seq_id)
-            assert got == expected.get(seq_id, (-1, -1)), (seq_id, got, expected.get(seq_id))
+        assert assert_books_match_kv(worker), "nothing stayed cached"
     finally:
         worker.stop()
 

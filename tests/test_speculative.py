@@ -12,9 +12,8 @@ from benchmarks.harness.datasets import extractive_dataset
 from engine import EngineConfig, Model, Request, SamplingParams, Worker
 from engine.llama import Context, ContextConfig
 from tests.devices import TEST_GPU_LAYERS, cpu_exact
-from tests.engine_helpers import idle
+from tests.engine_helpers import assert_books_match_kv, idle
 from tests.server_proc import SMOLLM2
-from tests.test_engine import expected_ranges
 
 
 @pytest.fixture(scope="module")
@@ -223,11 +222,7 @@ def test_a_request_cancelled_while_it_verifies_drafts_frees_everything(model):
         req = asyncio.run(main())
         idle(worker)
         assert req.finished and str(req.finish_reason) == "abort"
-        worker.manager.check_invariants()
-        assert worker.manager.num_used_blocks == 0
-        expected = expected_ranges(worker)
-        for seq_id in range(worker.config.n_seq_max):
-            assert worker.context.seq_pos_range(seq_id) == expected.get(seq_id, (-1, -1))
+        assert_books_match_kv(worker)
     finally:
         worker.stop()
 
@@ -252,12 +247,7 @@ def test_manager_view_agrees_with_llama_cpp_after_rollbacks(model, unified):
         run_all(worker, extractive_prompts(model, 4), max_tokens=60)
         idle(worker)
         assert worker.spec.accepted_tokens < worker.spec.draft_tokens   # rejections happened
-        worker.manager.check_invariants()
-        assert worker.manager.num_used_blocks == 0
-        expected = expected_ranges(worker)
-        for seq_id in range(worker.config.n_seq_max):
-            got = worker.context.seq_pos_range(seq_id)
-            assert got == expected.get(seq_id, (-1, -1)), (seq_id, got, expected.get(seq_id))
+        assert_books_match_kv(worker)
     finally:
         worker.stop()
 
