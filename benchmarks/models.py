@@ -104,28 +104,35 @@ def servers(args) -> list[tuple[str, ServerSpec | None]]:
     return out
 
 
-# ---- memory -------------------------------------------------------------------------------------
-def memory(args) -> dict:
-    rows = []
+def launched_servers(args, rows: list[dict]):
+    """Each server of `servers` up in turn, as (name, spec, base URL); a llama-server that was
+    not found gets a row saying so instead."""
     for name, spec in servers(args):
         if spec is None:
             rows.append({"server": name, "missing": "llama-server not found"})
             continue
         with launched(spec) as base:
-            proc = server_process(base)
-            assert proc is not None
-            start = proc.memory_info().rss
-            one_completion(base, httpx.get(f"{base}/v1/models").json()["data"][0]["id"], 32)
-            time.sleep(1.0)
-            row = {"server": name, "rss_start": start, "rss": proc.memory_info().rss,
-                   "peak": peak_rss(proc.pid)}
-            if spec.name == "pagedllama":
-                health = httpx.get(f"{base}/health").json()
-                (model,) = health["models"].values()
-                row["estimate"] = model["memory"]["estimate"]
-                row["base"] = health["memory"]["base"]
-            rows.append(row)
-            print(f"{name}: {row['rss'] / MiB:.0f} MiB", file=sys.stderr, flush=True)
+            yield name, spec, base
+
+
+# ---- memory -------------------------------------------------------------------------------------
+def memory(args) -> dict:
+    rows = []
+    for name, spec, base in launched_servers(args, rows):
+        proc = server_process(base)
+        assert proc is not None
+        start = proc.memory_info().rss
+        one_completion(base, httpx.get(f"{base}/v1/models").json()["data"][0]["id"], 32)
+        time.sleep(1.0)
+        row = {"server": name, "rss_start": start, "rss": proc.memory_info().rss,
+               "peak": peak_rss(proc.pid)}
+        if spec.name == "pagedllama":
+            health = httpx.get(f"{base}/health").json()
+            (model,) = health["models"].values()
+            row["estimate"] = model["memory"]["estimate"]
+            row["base"] = health["memory"]["base"]
+        rows.append(row)
+        print(f"{name}: {row['rss'] / MiB:.0f} MiB", file=sys.stderr, flush=True)
     peer = next((r for r in rows if r["server"].startswith("llama-server") and "rss" in r), None)
     head = f"{'server':<44} {'after 1 request':>15} {'peak':>9} {'vs llama-server':>15} " \
            f"{'estimate':>9} {'KV est.':>8}"
@@ -147,18 +154,14 @@ def memory(args) -> dict:
 # ---- layouts: speed, hits and memory ------------------------------------------------------------
 def layouts(args) -> dict:
     rows = []
-    for name, spec in servers(args):
-        if spec is None:
-            rows.append({"server": name, "missing": "llama-server not found"})
-            continue
-        with launched(spec) as base:
-            model = httpx.get(f"{base}/v1/models").json()["data"][0]["id"]
-            one_chat(base, model, 4)   # warm-up
-            result = asyncio.run(_workloads_named(base, model, args))
-            proc = server_process(base)
-            rows.append({"server": name, **result, "rss": proc.memory_info().rss if proc else 0,
-                         "peak": peak_rss(proc.pid) if proc else 0})
-            print(f"{name}: {rows[-1]}", file=sys.stderr, flush=True)
+    for name, _spec, base in launched_servers(args, rows):
+        model = httpx.get(f"{base}/v1/models").json()["data"][0]["id"]
+        one_chat(base, model, 4)   # warm-up
+        result = asyncio.run(_workloads_named(base, model, args))
+        proc = server_process(base)
+        rows.append({"server": name, **result, "rss": proc.memory_info().rss if proc else 0,
+                     "peak": peak_rss(proc.pid) if proc else 0})
+        print(f"{name}: {rows[-1]}", file=sys.stderr, flush=True)
     head = (f"{'server':<44} {'shared-prefix tok/s':>19} {'cached':>7} {'TTFT p99':>9} "
             f"{'chat tok/s':>10} {'cached':>7} {'TTFT p99':>9} {'peak RSS':>9}")
     lines = []
