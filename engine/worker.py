@@ -452,10 +452,7 @@ class Worker:
 
         def emit(token: int | None) -> bool:
             nonlocal event
-            _, part = self._postprocess(req, token, now)
-            if req.params.logprobs is not None and token is not None:
-                part.logprobs = [token_logprob(self.context.logits(row[0]), token,
-                                               req.params.logprobs, self.model.piece)]
+            _, part = self._emit(req, token, row[0], now)
             event = _merged(event, part)
             return part.finish_reason is not None
 
@@ -479,7 +476,12 @@ class Worker:
         assert seq is not None and sampler is not None, "an admitted request"
         if seq.max_tokens == 0:   # scoring only (echo): the prompt's logprobs were the point
             return self._finish(req, FinishReason.LENGTH)
-        token = sampler.sample(self.context, index)
+        return self._emit(req, sampler.sample(self.context, index), index, now)
+
+    def _emit(self, req: Request, token: int | None, index: int, now: float) -> Delivery:
+        """A token sampled from the logits at `index`: appended (_postprocess), with its
+        logprobs when the request asks for them (read before the next decode overwrites
+        them)."""
         delivery = self._postprocess(req, token, now)
         if req.params.logprobs is not None and token is not None:
             delivery[1].logprobs = [token_logprob(self.context.logits(index), token,
