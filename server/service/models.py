@@ -44,7 +44,7 @@ from engine import ChatTemplate, Model, Observer, Worker
 from engine.embedding import Embedder
 from engine.gguf_info import GGUFHeader, gguf_facts, k_quant_file_type, read_header
 from engine.llama import gpu_offload_supported
-from engine.memory import MemoryEstimate, ModelShape, estimate
+from engine.memory import MemoryEstimate, MiB, ModelShape, estimate
 from engine.threads import CoreBudget
 from server.config import ModelSpec, Settings, total_threads, usable_cores
 from server.http.errors import APIError
@@ -52,7 +52,6 @@ from server.service.prompts import TokenBound
 
 log = logging.getLogger("pagedllama.models")
 
-MiB = 1024 * 1024
 RETRY_AFTER_S = 2      # what a 503 for room tells the client
 REAP_EVERY_S = 1.0     # how often idle models are checked against their keep_alive
 
