@@ -94,7 +94,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "`tools`: a server whose chat template has no tool support may leave "
                         "`tools` out of the prompt (llama-server does), so only this way both "
                         "servers compute the same prompt")
+    p.add_argument("--plain-history", action="store_true",
+                   help="write the earlier turns' tool calls and results as plain text messages "
+                        "rather than tool_use / tool_result blocks, which each server renders "
+                        "its own way when the chat template has no tool support")
+    p.add_argument("--same-prompt", action="store_true",
+                   help="--tools-in-system and --plain-history: both servers compute the same "
+                        "prompt, token for token, on every turn (the table shows both inputs)")
     args = p.parse_args(argv)
+    if args.same_prompt:
+        args.tools_in_system = args.plain_history = True
     args.levels = [int(x) for x in args.sessions.split(",") if x.strip()]
     if args.quick:
         args.levels, args.turns, args.system_len, args.output_len = [1], 2, 600, 4
@@ -109,16 +118,22 @@ class Session:
     results: list[str]               # the tool result that comes with each later turn
     calls: list[dict] = field(default_factory=list)   # the scripted tool call of each turn
 
-    def messages(self, turn: int) -> list[dict]:
+    def messages(self, turn: int, plain: bool = False) -> list[dict]:
         """The history sent at `turn` (0-based): the task, then per earlier turn the assistant's
-        tool call and a user turn with its result and the next question."""
+        tool call and a user turn with its result and the next question; `plain`: the call and
+        the result as text."""
         out = [{"role": "user", "content": self.tasks[0]}]
         for k in range(1, turn + 1):
-            call = self.calls[k - 1]
+            call, result, task = self.calls[k - 1], self.results[k - 1], self.tasks[k]
+            if plain:
+                out.append({"role": "assistant", "content": json.dumps(
+                    {"tool": call["name"], "input": call["input"]}, ensure_ascii=False)})
+                out.append({"role": "user", "content": f"Tool result:\n{result}\n\n{task}"})
+                continue
             out.append({"role": "assistant", "content": [{"type": "tool_use", **call}]})
             out.append({"role": "user", "content": [
-                {"type": "tool_result", "tool_use_id": call["id"], "content": self.results[k - 1]},
-                {"type": "text", "text": self.tasks[k]}]})
+                {"type": "tool_result", "tool_use_id": call["id"], "content": result},
+                {"type": "text", "text": task}]})
         return out
 
 
@@ -226,7 +241,7 @@ async def run_sessions(base: str, model: str, sessions: list[Session], args) -> 
             for k in range(args.turns):
                 body = {"model": model, "max_tokens": args.output_len, "temperature": 0,
                         "stream": True, **tools_fields(s.system, args.tools_in_system),
-                        "messages": s.messages(k)}
+                        "messages": s.messages(k, args.plain_history)}
                 t = await one_turn(client, base, body, Turn(i, k + 1), args.request_timeout)
                 turns.append(t)
                 if not t.ok:
@@ -270,7 +285,7 @@ def level_table(level: int, rows: dict[str, list[dict]]) -> str:
     for name in names:
         head += f" {'TTFT ' + name[:10]:>17} {'total ' + name[:10]:>17}"
     if len(names) == 2:
-        head += f" {'TTFT ratio':>10}"
+        head += f" {'input ' + names[1][:10]:>17} {'TTFT ratio':>10}"
     lines = []
     ours = rows[names[0]]
     for i, row in enumerate(ours):
@@ -280,8 +295,10 @@ def level_table(level: int, rows: dict[str, list[dict]]) -> str:
             r = rows[name][i]
             line += f" {_f(r['ttft_s'], '{:.0f} ms', 1000):>17} {_f(r['total_s'], '{:.0f} ms', 1000):>17}"
         if len(names) == 2:
-            a, b = ours[i]["ttft_s"], rows[names[1]][i]["ttft_s"]
-            line += f" {_f(a / b if a and b else None, '{:.2f}x'):>10}"
+            peer = rows[names[1]][i]
+            a, b = ours[i]["ttft_s"], peer["ttft_s"]
+            line += (f" {_f(peer['input_tokens'], '{:.0f}'):>17}"
+                     f" {_f(a / b if a and b else None, '{:.2f}x'):>10}")
         lines.append(line)
     title = f"{level} session{'s' if level > 1 else ''} (medians over sessions; cached: {names[0]})"
     return f"{title}\n" + ruled(head, lines)
