@@ -14,11 +14,20 @@ Speculative decoding (scheduler/speculation.py) needs what a call of decoding to
 its size: a call of n decode or verification tokens takes about a + b·n seconds (a: streaming
 the weights once, the graph, the threads' meeting points; b: a token's arithmetic), fitted over
 recent calls (`CallModel`), and the step's own overhead outside llama_decode (the worker's
-Python), which every token of a step shares.
+Python), which every token of a step shares. Small calls are not linear on every machine (with
+a small model on two cores a call of 2 tokens took 1.8 times a call of 1, where a + b·n fitted
+over all sizes said 1.4): each call size keeps how far its calls lately were from the line
+(`StepCosts.sized`), and `call_cost` is the line times that, for the sizes seen.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+
+# weight of the newest call in a size's measured correction, and the range it is held to (one
+# call that a neighbour slowed must not turn a size's cost upside down)
+SIZE_ALPHA = 0.2
+SIZE_RANGE = (0.5, 3.0)
 
 
 @dataclass
@@ -67,11 +76,19 @@ class StepCosts:
     prompt_token_s: float | None = None   # seconds per prompt token
     overhead_s: float | None = None       # seconds of a step outside llama_decode
     calls: CallModel = field(default_factory=CallModel)
+    # call size -> its calls' seconds over the line's prediction (weighted average, SIZE_ALPHA)
+    sized: dict[int, float] = field(default_factory=dict)
 
     def observe_decode(self, seconds: float, tokens: int | None = None) -> None:
         """A call of decoding tokens only (`tokens` of them, when known)."""
         self.decode_s = self._mix(self.decode_s, seconds)
         if tokens:
+            model = self.call_model()
+            if model is not None and model[0] + model[1] * tokens > 0:
+                lo, hi = SIZE_RANGE
+                ratio = min(hi, max(lo, seconds / (model[0] + model[1] * tokens)))
+                old = self.sized.get(tokens)
+                self.sized[tokens] = ratio if old is None else old + SIZE_ALPHA * (ratio - old)
             self.calls.observe(tokens, seconds)
 
     def observe_overhead(self, seconds: float) -> None:
@@ -80,6 +97,19 @@ class StepCosts:
     def call_model(self) -> tuple[float, float] | None:
         """(a, b) of a call of decoding tokens (CallModel), b's prior a prompt token's cost."""
         return self.calls.fit(self.prompt_token_s)
+
+    def call_cost(self) -> Callable[[int], float] | None:
+        """What a call of n decoding tokens takes: the call model's line, times what calls of
+        that size measured against it lately (none seen: the line). None before the model."""
+        model = self.call_model()
+        if model is None:
+            return None
+        a, b = model
+        sized = self.sized
+
+        def cost(n: int) -> float:
+            return (a + b * n) * sized.get(n, 1.0) if n > 0 else 0.0
+        return cost
 
     def decode_time(self, tokens: int) -> float | None:
         """What a call of this many decoding tokens should take: by the call model once it has
