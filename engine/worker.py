@@ -316,7 +316,8 @@ class Worker:
         if not decoding or (self.config.spec_policy != "always" and (
                 model is None or not worth_drafting(len(decoding), *model,
                                                     costs.overhead_s or 0.0,
-                                                    length=self.config.max_draft))):
+                                                    length=self.config.max_draft,
+                                                    cost=costs.call_cost()))):
             return
         for seq in decoding:
             req = seq.owner
@@ -328,7 +329,9 @@ class Worker:
             draft = drafter.draft(state.draft, seq.tokens, cap)
             if draft and sampler.grammar is not None:   # a token the grammar forbids ends it
                 draft = draft[:sampler.grammar.allows_prefix(draft)]
-            seq.draft, seq.draft_rate = draft, state.draft.acceptance.rate
+            acceptance = state.draft.acceptance
+            seq.draft, seq.draft_rate = draft, acceptance.rate
+            seq.draft_gains = acceptance.gains(len(draft)) if draft else ()
 
     def _expire(self) -> list[Delivery]:
         """End the requests whose deadline passed (the scheduler took them off already)."""

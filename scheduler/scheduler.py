@@ -280,14 +280,14 @@ class Scheduler:
         grow by it. Drafts take only blocks nobody was promised and leave a grid cell of the
         budget to prompts, so a draft never preempts nor stops a prompt."""
         chunks = plan.chunks
-        candidates = [Candidate(i, len(c.seq.draft), c.seq.draft_rate)
+        candidates = [Candidate(i, len(c.seq.draft), c.seq.draft_rate, c.seq.draft_gains)
                       for i, c in enumerate(chunks) if c.seq.draft]
         model = self.costs.call_model() if candidates and self.max_draft else None
         if self.draft_always and candidates and self.max_draft:
             lengths = {c.key: min(c.available, self.max_draft) for c in candidates}
         elif model is not None:
             choice = choose(candidates, len(chunks), *model, self.costs.overhead_s or 0.0,
-                            max_length=self.max_draft)
+                            max_length=self.max_draft, cost=self.costs.call_cost())
             lengths = dict.fromkeys(choice.keys, choice.length)
         else:
             lengths = {}
