@@ -219,6 +219,13 @@ def expected_tokens(rate: float, k: int) -> float:
 # steps a sequence skips its lookup after a draft of which no token was right, at most: it
 # doubles with each such draft and starts again at 0 after one that was right
 MAX_BACKOFF = 8
+# how verified drafts' accepted tokens compare with what was expected of them (`Drafter.gains`):
+# the weight left to older verifications, the prior's weight (in expected tokens, at 1), and
+# the range the factor is held to
+REALIZED_DECAY = 0.95
+REALIZED_PRIOR = 2.0
+REALIZED_FADE = 0.99   # per draft scored
+REALIZED_RANGE = (0.25, 1.25)
 
 
 @dataclass
@@ -235,6 +242,7 @@ class DraftState:
     pending: list[int] = field(default_factory=list)
     backoff: int = 0       # steps to skip the lookup after drafts that were wrong
     skip: int = 0          # steps left to skip
+    expected: tuple[float, ...] = ()   # the last draft's expected accepted tokens, by length
 
 
 class Drafter:
@@ -246,7 +254,11 @@ class Drafter:
     sequence: so acceptance is learnt where verifying would not pay, and a sequence whose text
     turns repetitive starts drafting when its drafts prove right. A new sequence's acceptance
     starts from the context's recent one. A sequence whose drafts were wrong looks up less often
-    (`MAX_BACKOFF`): on text that never repeats, drafting costs little."""
+    (`MAX_BACKOFF`): on text that never repeats, drafting costs little.
+
+    The drafts that the policy picks to verify are those whose estimates are highest, so their
+    estimates run high: what verifications accepted against what was expected of them scales
+    every estimate (`gains`), so that the policy counts on the gains drafts have shown."""
 
     def __init__(self, max_tokens: int = 8, sizes: Sequence[int] = LOOKUP_SIZES,
                  shared_n: int = SHARED_NGRAM, shared_slots: int = SHARED_SLOTS,
@@ -256,6 +268,22 @@ class Drafter:
         self.shared = SharedTable(shared_n, shared_slots) if shared else None
         # the context's recent acceptance: a new sequence's prior (weighing two drafts)
         self.prior = Acceptance(decay=0.9)
+        self.realized = 0.0   # verified drafts' accepted tokens, older ones weighing less
+        self.promised = 0.0   # what was expected of them
+
+    @property
+    def realization(self) -> float:
+        """Verified drafts' accepted tokens over what was expected of them, lately."""
+        lo, hi = REALIZED_RANGE
+        factor = (self.realized + REALIZED_PRIOR) / (self.promised + REALIZED_PRIOR)
+        return min(hi, max(lo, factor))
+
+    def gains(self, state: DraftState, k: int) -> tuple[float, ...]:
+        """Accepted tokens to expect of the sequence's draft cut to 1, 2, ..., k tokens: its
+        acceptance's, scaled by what verifications lately accepted against the expected."""
+        state.expected = state.acceptance.gains(k)
+        factor = self.realization
+        return tuple(g * factor for g in state.expected)
 
     def start(self) -> DraftState:
         """A new sequence's state. Its tokens go into the shared table (and its own index) when
@@ -295,10 +323,13 @@ class Drafter:
         return out
 
     def observe(self, state: DraftState, drafted: int, accepted: int) -> None:
-        """A verification of `drafted` tokens accepted `accepted` of them (counted; acceptance
-        learns from every draft's score, `_score`)."""
+        """A verification of `drafted` tokens accepted `accepted` of them: counted, and set
+        against what was expected of it (acceptance learns from every draft's score, `_score`)."""
         state.drafted += drafted
         state.accepted += accepted
+        if 0 < drafted <= len(state.expected):
+            self.realized = REALIZED_DECAY * self.realized + accepted
+            self.promised = REALIZED_DECAY * self.promised + state.expected[drafted - 1]
 
     def _score(self, state: DraftState, tokens: Sequence[int], final: bool = False) -> None:
         """Score the pending draft once the tokens after it show how much of it was right."""
@@ -319,6 +350,10 @@ class Drafter:
             return
         state.acceptance.observe(n, j)
         self.prior.observe(n, j)
+        # the prior regains weight while nothing is verified: a factor learnt on other text
+        # does not hold drafting off for good
+        self.realized *= REALIZED_FADE
+        self.promised *= REALIZED_FADE
         if j == 0:
             state.backoff = min(MAX_BACKOFF, 2 * state.backoff + 1)
             state.skip = state.backoff

@@ -331,7 +331,7 @@ class Worker:
                 draft = draft[:sampler.grammar.allows_prefix(draft)]
             acceptance = state.draft.acceptance
             seq.draft, seq.draft_rate = draft, acceptance.rate
-            seq.draft_gains = acceptance.gains(len(draft)) if draft else ()
+            seq.draft_gains = drafter.gains(state.draft, len(draft)) if draft else ()
 
     def _expire(self) -> list[Delivery]:
         """End the requests whose deadline passed (the scheduler took them off already)."""
@@ -382,7 +382,8 @@ class Worker:
         if expected and seconds > SLOW_STEP * expected + SLOW_STEP_MARGIN_S:
             self.lease.slowed(self.context, seconds / expected)
         if not prompt:
-            costs.observe_decode(seconds, decode)
+            lengths = {c.end - c.start for c in group}
+            costs.observe_decode(seconds, decode, len(group) if len(lengths) == 1 else None)
         else:
             costs.observe_prompt(prompt, seconds - ((costs.decode_time(decode) or 0.0)
                                                     if decode else 0.0))

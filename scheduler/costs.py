@@ -69,6 +69,11 @@ class CallModel:
         return a, b
 
 
+def _mix_into(table: dict, key, value: float) -> None:
+    old = table.get(key)
+    table[key] = value if old is None else old + SIZE_ALPHA * (value - old)
+
+
 @dataclass
 class StepCosts:
     alpha: float = 0.3                    # weight of the newest observation
@@ -78,17 +83,22 @@ class StepCosts:
     calls: CallModel = field(default_factory=CallModel)
     # call size -> its calls' seconds over the line's prediction (weighted average, SIZE_ALPHA)
     sized: dict[int, float] = field(default_factory=dict)
+    # the same by shape, (pieces, tokens a piece): two pieces of 2 tokens cost more than one of 4
+    shaped: dict[tuple[int, int], float] = field(default_factory=dict)
 
-    def observe_decode(self, seconds: float, tokens: int | None = None) -> None:
-        """A call of decoding tokens only (`tokens` of them, when known)."""
+    def observe_decode(self, seconds: float, tokens: int | None = None,
+                       pieces: int | None = None) -> None:
+        """A call of decoding tokens only (`tokens` of them, when known, in `pieces` pieces of
+        one length, when known)."""
         self.decode_s = self._mix(self.decode_s, seconds)
         if tokens:
             model = self.call_model()
             if model is not None and model[0] + model[1] * tokens > 0:
                 lo, hi = SIZE_RANGE
                 ratio = min(hi, max(lo, seconds / (model[0] + model[1] * tokens)))
-                old = self.sized.get(tokens)
-                self.sized[tokens] = ratio if old is None else old + SIZE_ALPHA * (ratio - old)
+                _mix_into(self.sized, tokens, ratio)
+                if pieces and tokens % pieces == 0:
+                    _mix_into(self.shaped, (pieces, tokens // pieces), ratio)
             self.calls.observe(tokens, seconds)
 
     def observe_overhead(self, seconds: float) -> None:
@@ -98,17 +108,22 @@ class StepCosts:
         """(a, b) of a call of decoding tokens (CallModel), b's prior a prompt token's cost."""
         return self.calls.fit(self.prompt_token_s)
 
-    def call_cost(self) -> Callable[[int], float] | None:
-        """What a call of n decoding tokens takes: the call model's line, times what calls of
-        that size measured against it lately (none seen: the line). None before the model."""
+    def call_cost(self) -> Callable[[int, int], float] | None:
+        """What a call of `pieces` pieces of `length` decoding tokens takes: the call model's
+        line, times what calls of that shape (else of that many tokens) measured against it
+        lately (none seen: the line). None before the model."""
         model = self.call_model()
         if model is None:
             return None
         a, b = model
-        sized = self.sized
+        sized, shaped = self.sized, self.shaped
 
-        def cost(n: int) -> float:
-            return (a + b * n) * sized.get(n, 1.0) if n > 0 else 0.0
+        def cost(pieces: int, length: int = 1) -> float:
+            n = pieces * length
+            if n <= 0:
+                return 0.0
+            ratio = shaped.get((pieces, length))
+            return (a + b * n) * (sized.get(n, 1.0) if ratio is None else ratio)
         return cost
 
     def decode_time(self, tokens: int) -> float | None:

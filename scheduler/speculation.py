@@ -64,16 +64,16 @@ def expected_tokens(rate: float, k: int) -> float:
 
 def choose(candidates: Sequence[Candidate], decoding: int, a: float, b: float,
            overhead: float = 0.0, margin: float = MARGIN, max_length: int = 16,
-           cost: Callable[[int], float] | None = None) -> Choice:
+           cost: Callable[[int, int], float] | None = None) -> Choice:
     """The draft length and the sequences that verify it, for a step in which `decoding`
     sequences decode (the candidates among them). a, b: a call's cost (a + b·tokens), or
-    `cost`: what a call of n decoding tokens takes as measured (scheduler/costs.py,
+    `cost`: what a call of p pieces of l decoding tokens takes as measured (scheduler/costs.py,
     `StepCosts.call_cost`: small calls are not linear); overhead: the step's time outside
     llama.cpp."""
     if cost is None:
-        def cost(n: int) -> float:
-            return a + b * n if n > 0 else 0.0
-    base_time = overhead + cost(decoding)
+        def cost(pieces: int, length: int = 1) -> float:
+            return a + b * pieces * length if pieces * length > 0 else 0.0
+    base_time = overhead + cost(decoding, 1)
     base = decoding / base_time if base_time > 0 else 0.0
     best = Choice(0, frozenset(), base, base)
     if not candidates or decoding <= 0 or b <= 0:
@@ -88,7 +88,7 @@ def choose(candidates: Sequence[Candidate], decoding: int, a: float, b: float,
             chosen.append(c.key)
             n = len(chosen)
             # a call of 1-token pieces (unless every sequence verifies), one of pieces of m + 1
-            time = overhead + cost(decoding - n) + cost(n * (m + 1))
+            time = overhead + cost(decoding - n, 1) + cost(n, m + 1)
             rate = (decoding + gain) / time
             if rate > best.tokens_per_s:
                 best = Choice(m, frozenset(chosen), rate, base)
@@ -99,7 +99,7 @@ def choose(candidates: Sequence[Candidate], decoding: int, a: float, b: float,
 
 def worth_drafting(decoding: int, a: float, b: float, overhead: float = 0.0,
                    rate: float = 0.95, length: int = 8, margin: float = MARGIN,
-                   cost: Callable[[int], float] | None = None) -> bool:
+                   cost: Callable[[int, int], float] | None = None) -> bool:
     """Whether drafts accepted at `rate` could pay at all in a step of `decoding` sequences
     (every one of them verifying `length` tokens: the best case). False spares the step the
     drafting itself where the step is compute-bound."""

@@ -194,3 +194,20 @@ def test_a_lookup_costs_microseconds_beside_a_millisecond_step():
         drafter.draft(state, text)
     per_draft = (time.perf_counter() - t0) / n
     assert per_draft < 200e-6, f"{per_draft * 1e6:.0f} us a draft"
+
+
+def test_verifications_that_accept_less_than_expected_scale_the_estimates_down():
+    drafter = Drafter(max_tokens=4, sizes=(2,), shared=False)
+    state = drafter.start()
+    state.acceptance = Acceptance(prior_weight=0.0)
+    for _ in range(10):
+        state.acceptance.observe(4, 4)
+    assert drafter.gains(state, 2) == pytest.approx((1.0, 2.0))
+    for _ in range(20):                                # verified at 2: half of it accepted
+        drafter.gains(state, 2)
+        drafter.observe(state, drafted=2, accepted=1)
+    assert drafter.realization == pytest.approx(0.5, abs=0.05)
+    assert drafter.gains(state, 2)[1] == pytest.approx(1.0, abs=0.1)
+    for _ in range(500):                               # drafts scored, none verified: it fades
+        scored(drafter, [1, 2, 3, 4, 5, 6, 1, 2], [3, 4, 5, 6])
+    assert drafter.realization > 0.9

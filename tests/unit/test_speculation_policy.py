@@ -192,10 +192,23 @@ def test_each_call_size_keeps_how_far_it_is_from_the_line():
     costs = small_call_costs()
     a, b = costs.call_model()
     cost = costs.call_cost()
-    assert cost(1) == pytest.approx(0.0070, rel=0.05)
-    assert cost(2) > 1.1 * (a + 2 * b) and cost(2) == pytest.approx(0.0133, rel=0.15)
-    assert cost(7) == pytest.approx(a + 7 * b)          # a size never seen: the line
-    assert cost(0) == 0.0
+    assert cost(1, 1) == pytest.approx(0.0070, rel=0.05)
+    assert cost(1, 2) > 1.1 * (a + 2 * b) and cost(1, 2) == pytest.approx(0.0133, rel=0.15)
+    assert cost(1, 7) == pytest.approx(a + 7 * b)       # a size never seen: the line
+    assert cost(0, 3) == 0.0
+
+
+def test_a_call_shape_keeps_its_own_cost():
+    """Two pieces of 2 tokens (two sequences verifying one drafted token each) took 27 ms
+    where one piece of 4 took 19: the shape's own measure wins over the size's."""
+    costs = small_call_costs()
+    for _ in range(3):
+        costs.observe_decode(0.0196, 4, pieces=4)
+        costs.observe_decode(0.0273, 4, pieces=2)
+    cost = costs.call_cost()
+    assert cost(2, 2) == pytest.approx(0.0273, rel=0.1)
+    assert cost(4, 1) == pytest.approx(0.0196, rel=0.1)
+    assert cost(1, 4) < cost(2, 2)                      # by size: mostly the 1x4 and 4x1 calls
 
 
 def test_first_token_drafts_right_two_times_in_three_do_not_pay_alone_on_measured_costs():
