@@ -299,6 +299,8 @@ class Worker:
         self.times.deliver_s += t2 - t1
         if plan.chunks:   # what the step cost outside llama_decode (speculation's overhead)
             self.scheduler.costs.observe_overhead(t2 - t0 - self._step_decode_s)
+            if self.drafter is not None and all(c.seq.is_decoding for c in plan.chunks):
+                self.scheduler.costs.observe_draft_step(plan.draft_s, self._step_decode_s)
 
     def _draft(self) -> None:
         """The drafting step: each decoding sequence proposes the tokens that may follow its
@@ -317,7 +319,8 @@ class Worker:
                 model is None or not worth_drafting(len(decoding), *model,
                                                     costs.overhead_s or 0.0,
                                                     length=self.config.max_draft,
-                                                    cost=costs.call_cost()))):
+                                                    cost=costs.call_cost(),
+                                                    draft_factor=costs.draft_factor))):
             return
         for seq in decoding:
             req = seq.owner

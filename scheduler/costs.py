@@ -28,6 +28,11 @@ from dataclasses import dataclass, field
 # call that a neighbour slowed must not turn a size's cost upside down)
 SIZE_ALPHA = 0.2
 SIZE_RANGE = (0.5, 3.0)
+# steps that verified drafts, their seconds over what the policy predicted: the newest one's
+# weight, the range, and how far toward 1 it returns with each step of decoding without drafts
+DRAFT_ALPHA = 0.2
+DRAFT_RANGE = (0.7, 3.0)
+DRAFT_FADE = 0.99
 
 
 @dataclass
@@ -85,6 +90,7 @@ class StepCosts:
     sized: dict[int, float] = field(default_factory=dict)
     # the same by shape, (pieces, tokens a piece): two pieces of 2 tokens cost more than one of 4
     shaped: dict[tuple[int, int], float] = field(default_factory=dict)
+    draft_factor: float = 1.0   # steps with drafts: measured over predicted seconds, lately
 
     def observe_decode(self, seconds: float, tokens: int | None = None,
                        pieces: int | None = None) -> None:
@@ -100,6 +106,16 @@ class StepCosts:
                 if pieces and tokens % pieces == 0:
                     _mix_into(self.shaped, (pieces, tokens // pieces), ratio)
             self.calls.observe(tokens, seconds)
+
+    def observe_draft_step(self, predicted: float, seconds: float) -> None:
+        """A step that verified drafts (its calls decoding tokens only) took `seconds` where the
+        policy predicted `predicted`; 0 predicted: a step of decoding without drafts."""
+        if predicted > 0:
+            lo, hi = DRAFT_RANGE
+            ratio = min(hi, max(lo, seconds / predicted))
+            self.draft_factor += DRAFT_ALPHA * (ratio - self.draft_factor)
+        else:
+            self.draft_factor = 1.0 + DRAFT_FADE * (self.draft_factor - 1.0)
 
     def observe_overhead(self, seconds: float) -> None:
         self.overhead_s = self._mix(self.overhead_s, max(0.0, seconds))

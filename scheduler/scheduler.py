@@ -89,6 +89,7 @@ class StepPlan:
     finishing: int = 0             # prompt tokens planned that way, outside the allowance
     budget: int = 0                # tokens this step may take in all (set by schedule)
     wave: bool = False             # a wave step: every prompt that wants computing, whole
+    draft_s: float = 0.0           # the decoding calls' predicted seconds where drafts verify
 
     @property
     def num_tokens(self) -> int:
@@ -287,8 +288,10 @@ class Scheduler:
             lengths = {c.key: min(c.available, self.max_draft) for c in candidates}
         elif model is not None:
             choice = choose(candidates, len(chunks), *model, self.costs.overhead_s or 0.0,
-                            max_length=self.max_draft, cost=self.costs.call_cost())
+                            max_length=self.max_draft, cost=self.costs.call_cost(),
+                            draft_factor=self.costs.draft_factor)
             lengths = dict.fromkeys(choice.keys, choice.length)
+            plan.draft_s = choice.decode_s if choice.length else 0.0
         else:
             lengths = {}
         spare = len(self.manager.free_list) - self._promised_blocks()

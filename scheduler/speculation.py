@@ -52,6 +52,7 @@ class Choice:
     keys: frozenset[int]         # the chosen sequences
     tokens_per_s: float          # predicted for the step's decoding part
     baseline_tokens_per_s: float  # the same without drafts
+    decode_s: float = 0.0        # the calls' predicted seconds, before `draft_factor`
 
 
 def expected_tokens(rate: float, k: int) -> float:
@@ -64,12 +65,14 @@ def expected_tokens(rate: float, k: int) -> float:
 
 def choose(candidates: Sequence[Candidate], decoding: int, a: float, b: float,
            overhead: float = 0.0, margin: float = MARGIN, max_length: int = 16,
-           cost: Callable[[int, int], float] | None = None) -> Choice:
+           cost: Callable[[int, int], float] | None = None,
+           draft_factor: float = 1.0) -> Choice:
     """The draft length and the sequences that verify it, for a step in which `decoding`
     sequences decode (the candidates among them). a, b: a call's cost (a + b·tokens), or
     `cost`: what a call of p pieces of l decoding tokens takes as measured (scheduler/costs.py,
     `StepCosts.call_cost`: small calls are not linear); overhead: the step's time outside
-    llama.cpp."""
+    llama.cpp; draft_factor: what steps that verified drafts took against their prediction
+    lately (`StepCosts.draft_factor`), applied to a step with drafts."""
     if cost is None:
         def cost(pieces: int, length: int = 1) -> float:
             return a + b * pieces * length if pieces * length > 0 else 0.0
@@ -88,10 +91,10 @@ def choose(candidates: Sequence[Candidate], decoding: int, a: float, b: float,
             chosen.append(c.key)
             n = len(chosen)
             # a call of 1-token pieces (unless every sequence verifies), one of pieces of m + 1
-            time = overhead + cost(decoding - n, 1) + cost(n, m + 1)
-            rate = (decoding + gain) / time
+            calls = cost(decoding - n, 1) + cost(n, m + 1)
+            rate = (decoding + gain) / (overhead + draft_factor * calls)
             if rate > best.tokens_per_s:
-                best = Choice(m, frozenset(chosen), rate, base)
+                best = Choice(m, frozenset(chosen), rate, base, calls)
     if best.length and best.tokens_per_s < base * (1.0 + margin):
         return Choice(0, frozenset(), base, base)
     return best
@@ -99,9 +102,10 @@ def choose(candidates: Sequence[Candidate], decoding: int, a: float, b: float,
 
 def worth_drafting(decoding: int, a: float, b: float, overhead: float = 0.0,
                    rate: float = 0.95, length: int = 8, margin: float = MARGIN,
-                   cost: Callable[[int, int], float] | None = None) -> bool:
+                   cost: Callable[[int, int], float] | None = None,
+                   draft_factor: float = 1.0) -> bool:
     """Whether drafts accepted at `rate` could pay at all in a step of `decoding` sequences
     (every one of them verifying `length` tokens: the best case). False spares the step the
     drafting itself where the step is compute-bound."""
     c = [Candidate(i, length, rate) for i in range(decoding)]
-    return choose(c, decoding, a, b, overhead, margin, length, cost).length > 0
+    return choose(c, decoding, a, b, overhead, margin, length, cost, draft_factor).length > 0
