@@ -299,7 +299,8 @@ class Worker:
         self.times.deliver_s += t2 - t1
         if plan.chunks:   # what the step cost outside llama_decode (speculation's overhead)
             self.scheduler.costs.observe_overhead(t2 - t0 - self._step_decode_s)
-            if self.drafter is not None and all(c.seq.is_decoding for c in plan.chunks):
+            if self.drafter is not None and all(c.end - c.start == 1 + c.drafted
+                                                for c in plan.chunks):   # no prompt piece
                 self.scheduler.costs.observe_draft_step(plan.draft_s, self._step_decode_s)
 
     def _draft(self) -> None:

@@ -240,3 +240,19 @@ def test_gains_rank_the_candidates_that_verify():
     cands = [Candidate(0, 8, 0.9, (0.1,) * 8), Candidate(1, 8, 0.1, tuple(range(1, 9)))]
     choice = choose(cands, 2, A, B, OVERHEAD)
     assert choice.keys == {1}
+
+
+def test_steps_with_drafts_slower_than_predicted_stop_drafts_that_would_pay_on_paper():
+    costs = small_call_costs()
+    a, b = costs.call_model()
+    cands = [Candidate(i, 8, 0.9, (0.9,) * 8) for i in range(4)]
+    choice = choose(cands, 4, a, b, costs.overhead_s, cost=costs.call_cost())
+    assert choice.length > 0 and choice.decode_s > 0
+    for _ in range(10):                                # those steps took 1.5 times the prediction
+        costs.observe_draft_step(choice.decode_s, 1.5 * choice.decode_s)
+    assert costs.draft_factor == pytest.approx(1.5, rel=0.05)
+    assert choose(cands, 4, a, b, costs.overhead_s, cost=costs.call_cost(),
+                  draft_factor=costs.draft_factor).length == 0
+    for _ in range(300):                               # steps without drafts: back toward 1
+        costs.observe_draft_step(0.0, 0.02)
+    assert costs.draft_factor < 1.05
