@@ -148,27 +148,63 @@ def verify(draft: Sequence[int], sample: Callable[[int], int | None],
 
 @dataclass
 class Acceptance:
-    """A sequence's recent verifications: the chance that a drafted token is accepted given
-    that the drafted tokens before it were (a geometric model: each verification of k drafted
-    tokens that accepted j counts j acceptances and, when j < k, one rejection), with older
-    verifications weighing less (`decay` per verification) and a prior of `prior_accepted`
-    acceptances against `prior_rejected` rejections."""
+    """A sequence's recent drafts and how many of their tokens the model went on to produce.
+
+    `rate`: the chance that a drafted token is accepted given that the drafted tokens before it
+    were (a geometric model: a draft of k tokens of which j were right counts j acceptances and,
+    when j < k, one rejection). `gains`: for each length m, how many of a draft's first m tokens
+    were right on average (min(j, m) of a draft of at least m tokens), which is what a
+    verification of m drafted tokens yields beyond the model's own token, without a model of
+    how acceptances follow each other: n-gram drafts are mostly right whole or wrong from their
+    first token, where a geometric rate overstates short drafts and understates long ones.
+    Older drafts weigh less (`decay` per draft); the prior counts as `prior_weight` drafts of
+    acceptance `prior_rate` (its gains: `prior_gains`, else the geometric ones)."""
     accepted: float = 0.0
     rejected: float = 0.0
     decay: float = 0.7
     prior_accepted: float = 1.0
     prior_rejected: float = 1.0
+    prior_gains: tuple[float, ...] = ()
+    prior_weight: float = 2.0
+    weights: list[float] = field(default_factory=list)   # per m: drafts of at least m tokens
+    sums: list[float] = field(default_factory=list)      # per m: their right tokens within m
 
     @property
     def rate(self) -> float:
         a, r = self.accepted + self.prior_accepted, self.rejected + self.prior_rejected
         return a / (a + r)
 
+    def gain(self, m: int) -> float:
+        """A draft's right tokens within its first m, on average (m >= 1)."""
+        if m <= len(self.prior_gains):
+            prior = self.prior_gains[m - 1]
+        else:
+            r = self.prior_accepted / (self.prior_accepted + self.prior_rejected)
+            prior = expected_tokens(r, m) - 1.0
+        if m > len(self.weights):
+            return prior
+        w = self.weights[m - 1]
+        return (self.sums[m - 1] + self.prior_weight * prior) / (w + self.prior_weight)
+
+    def gains(self, k: int) -> tuple[float, ...]:
+        return tuple(self.gain(m) for m in range(1, k + 1))
+
     def observe(self, drafted: int, accepted: int) -> None:
         if drafted <= 0:
             return
-        self.accepted = self.decay * self.accepted + accepted
-        self.rejected = self.decay * self.rejected + (1.0 if accepted < drafted else 0.0)
+        d = self.decay
+        self.accepted = d * self.accepted + accepted
+        self.rejected = d * self.rejected + (1.0 if accepted < drafted else 0.0)
+        weights, sums = self.weights, self.sums
+        if len(weights) < drafted:
+            weights.extend([0.0] * (drafted - len(weights)))
+            sums.extend([0.0] * (drafted - len(sums)))
+        for i in range(len(weights)):
+            weights[i] *= d
+            sums[i] *= d
+            if i < drafted:
+                weights[i] += 1.0
+                sums[i] += min(accepted, i + 1)
 
 
 def expected_tokens(rate: float, k: int) -> float:
@@ -180,6 +216,18 @@ def expected_tokens(rate: float, k: int) -> float:
     return (1.0 - rate ** (k + 1)) / (1.0 - rate)
 
 
+# steps a sequence skips its lookup after a draft of which no token was right, at most: it
+# doubles with each such draft and starts again at 0 after one that was right
+MAX_BACKOFF = 8
+# how verified drafts' accepted tokens compare with what was expected of them (`Drafter.gains`):
+# the weight left to older verifications, the prior's weight (in expected tokens, at 1), and
+# the range the factor is held to
+REALIZED_DECAY = 0.95
+REALIZED_PRIOR = 2.0
+REALIZED_FADE = 0.99   # per draft scored
+REALIZED_RANGE = (0.25, 1.25)
+
+
 @dataclass
 class DraftState:
     """What the drafter keeps for one sequence."""
@@ -188,13 +236,29 @@ class DraftState:
     shared_from: int = 0   # tokens of the sequence already entered in the shared table
     drafted: int = 0       # tokens drafted and verified, over the sequence's life
     accepted: int = 0      # of those, accepted
+    # a draft being scored against the tokens the model goes on to produce (verified or not):
+    # where it starts in the sequence, and its tokens
+    pending_at: int = 0
+    pending: list[int] = field(default_factory=list)
+    backoff: int = 0       # steps to skip the lookup after drafts that were wrong
+    skip: int = 0          # steps left to skip
+    expected: tuple[float, ...] = ()   # the last draft's expected accepted tokens, by length
 
 
 class Drafter:
     """Drafts for the sequences of one context: each sequence's own index, then the shared
-    table. `max_tokens`: the most tokens one draft may hold. A new sequence's acceptance
-    starts from the context's recent one (on text that never repeats, new sequences start
-    low and draft only once their own drafts prove out)."""
+    table. `max_tokens`: the most tokens one draft may hold.
+
+    Every draft is scored against the tokens the model then produces, whether the scheduler had
+    it verified or not (the model's tokens are the same either way), one draft at a time per
+    sequence: so acceptance is learnt where verifying would not pay, and a sequence whose text
+    turns repetitive starts drafting when its drafts prove right. A new sequence's acceptance
+    starts from the context's recent one. A sequence whose drafts were wrong looks up less often
+    (`MAX_BACKOFF`): on text that never repeats, drafting costs little.
+
+    The drafts that the policy picks to verify are those whose estimates are highest, so their
+    estimates run high: what verifications accepted against what was expected of them scales
+    every estimate (`gains`), so that the policy counts on the gains drafts have shown."""
 
     def __init__(self, max_tokens: int = 8, sizes: Sequence[int] = LOOKUP_SIZES,
                  shared_n: int = SHARED_NGRAM, shared_slots: int = SHARED_SLOTS,
@@ -202,42 +266,99 @@ class Drafter:
         self.max_tokens = max_tokens
         self.sizes = tuple(sizes)
         self.shared = SharedTable(shared_n, shared_slots) if shared else None
-        # the context's recent acceptance: a new sequence's prior (weighing two verifications)
+        # the context's recent acceptance: a new sequence's prior (weighing two drafts)
         self.prior = Acceptance(decay=0.9)
+        self.realized = 0.0   # verified drafts' accepted tokens, older ones weighing less
+        self.promised = 0.0   # what was expected of them
+
+    @property
+    def realization(self) -> float:
+        """Verified drafts' accepted tokens over what was expected of them, lately."""
+        lo, hi = REALIZED_RANGE
+        factor = (self.realized + REALIZED_PRIOR) / (self.promised + REALIZED_PRIOR)
+        return min(hi, max(lo, factor))
+
+    def gains(self, state: DraftState, k: int) -> tuple[float, ...]:
+        """Accepted tokens to expect of the sequence's draft cut to 1, 2, ..., k tokens: its
+        acceptance's, scaled by what verifications lately accepted against the expected."""
+        state.expected = state.acceptance.gains(k)
+        factor = self.realization
+        return tuple(g * factor for g in state.expected)
 
     def start(self) -> DraftState:
         """A new sequence's state. Its tokens go into the shared table (and its own index) when
         it first drafts, and the rest of them when it ends (`finish`): a sequence that never
         drafts (the steps were compute-bound) costs nothing."""
         state = DraftState(SequenceIndex(self.sizes))
-        state.acceptance = Acceptance(prior_accepted=self.prior.rate * 2,
-                                      prior_rejected=(1 - self.prior.rate) * 2)
+        rate = self.prior.rate
+        state.acceptance = Acceptance(prior_accepted=rate * 2, prior_rejected=(1 - rate) * 2,
+                                      prior_gains=self.prior.gains(self.max_tokens))
         return state
 
     def finish(self, state: DraftState, tokens: Sequence[int]) -> None:
         """A sequence ended: the rest of its tokens go into the shared table, if it drafted."""
+        self._score(state, tokens, final=True)
         if state.shared_from:
             self._share(state, tokens)
 
     def draft(self, state: DraftState, tokens: Sequence[int], k: int | None = None) -> list[int]:
         """Up to k (default max_tokens) tokens that may follow `tokens` (the sequence's prompt
         and output, its last token sampled but not yet computed)."""
+        self._score(state, tokens)
         k = self.max_tokens if k is None else min(k, self.max_tokens)
         if k <= 0:
+            return []
+        if state.skip > 0:
+            state.skip -= 1
             return []
         self._share(state, tokens)
         own = state.index.lookup(tokens, k)
         if len(own) >= k or self.shared is None:
-            return own
-        other = self.shared.lookup(tokens, k)
-        return other if len(other) > len(own) else own
+            out = own
+        else:
+            other = self.shared.lookup(tokens, k)
+            out = other if len(other) > len(own) else own
+        if out and not state.pending:
+            state.pending_at, state.pending = len(tokens), list(out)
+        return out
 
     def observe(self, state: DraftState, drafted: int, accepted: int) -> None:
-        """A verification of `drafted` tokens accepted `accepted` of them."""
-        state.acceptance.observe(drafted, accepted)
-        self.prior.observe(drafted, accepted)
+        """A verification of `drafted` tokens accepted `accepted` of them: counted, and set
+        against what was expected of it (acceptance learns from every draft's score, `_score`)."""
         state.drafted += drafted
         state.accepted += accepted
+        if 0 < drafted <= len(state.expected):
+            self.realized = REALIZED_DECAY * self.realized + accepted
+            self.promised = REALIZED_DECAY * self.promised + state.expected[drafted - 1]
+
+    def _score(self, state: DraftState, tokens: Sequence[int], final: bool = False) -> None:
+        """Score the pending draft once the tokens after it show how much of it was right."""
+        draft = state.pending
+        if not draft:
+            return
+        at, n = state.pending_at, len(draft)
+        produced = len(tokens) - at
+        j = 0
+        while j < n and j < produced and tokens[at + j] == draft[j]:
+            j += 1
+        if j < n and j == produced:   # right so far
+            if not final:
+                return
+            n = j                     # the sequence ended inside it: a draft of what it saw
+        state.pending = []
+        if n <= 0:
+            return
+        state.acceptance.observe(n, j)
+        self.prior.observe(n, j)
+        # the prior regains weight while nothing is verified: a factor learnt on other text
+        # does not hold drafting off for good
+        self.realized *= REALIZED_FADE
+        self.promised *= REALIZED_FADE
+        if j == 0:
+            state.backoff = min(MAX_BACKOFF, 2 * state.backoff + 1)
+            state.skip = state.backoff
+        else:
+            state.backoff = 0
 
     def _share(self, state: DraftState, tokens: Sequence[int]) -> None:
         if self.shared is not None and len(tokens) > state.shared_from:

@@ -299,6 +299,9 @@ class Worker:
         self.times.deliver_s += t2 - t1
         if plan.chunks:   # what the step cost outside llama_decode (speculation's overhead)
             self.scheduler.costs.observe_overhead(t2 - t0 - self._step_decode_s)
+            if self.drafter is not None and all(c.end - c.start == 1 + c.drafted
+                                                for c in plan.chunks):   # no prompt piece
+                self.scheduler.costs.observe_draft_step(plan.draft_s, self._step_decode_s)
 
     def _draft(self) -> None:
         """The drafting step: each decoding sequence proposes the tokens that may follow its
@@ -316,7 +319,9 @@ class Worker:
         if not decoding or (self.config.spec_policy != "always" and (
                 model is None or not worth_drafting(len(decoding), *model,
                                                     costs.overhead_s or 0.0,
-                                                    length=self.config.max_draft))):
+                                                    length=self.config.max_draft,
+                                                    cost=costs.call_cost(),
+                                                    draft_factor=costs.draft_factor))):
             return
         for seq in decoding:
             req = seq.owner
@@ -328,7 +333,9 @@ class Worker:
             draft = drafter.draft(state.draft, seq.tokens, cap)
             if draft and sampler.grammar is not None:   # a token the grammar forbids ends it
                 draft = draft[:sampler.grammar.allows_prefix(draft)]
-            seq.draft, seq.draft_rate = draft, state.draft.acceptance.rate
+            acceptance = state.draft.acceptance
+            seq.draft, seq.draft_rate = draft, acceptance.rate
+            seq.draft_gains = drafter.gains(state.draft, len(draft)) if draft else ()
 
     def _expire(self) -> list[Delivery]:
         """End the requests whose deadline passed (the scheduler took them off already)."""
@@ -379,7 +386,8 @@ class Worker:
         if expected and seconds > SLOW_STEP * expected + SLOW_STEP_MARGIN_S:
             self.lease.slowed(self.context, seconds / expected)
         if not prompt:
-            costs.observe_decode(seconds, decode)
+            lengths = {c.end - c.start for c in group}
+            costs.observe_decode(seconds, decode, len(group) if len(lengths) == 1 else None)
         else:
             costs.observe_prompt(prompt, seconds - ((costs.decode_time(decode) or 0.0)
                                                     if decode else 0.0))

@@ -14,11 +14,25 @@ Speculative decoding (scheduler/speculation.py) needs what a call of decoding to
 its size: a call of n decode or verification tokens takes about a + b·n seconds (a: streaming
 the weights once, the graph, the threads' meeting points; b: a token's arithmetic), fitted over
 recent calls (`CallModel`), and the step's own overhead outside llama_decode (the worker's
-Python), which every token of a step shares.
+Python), which every token of a step shares. Small calls are not linear on every machine (with
+a small model on two cores a call of 2 tokens took 1.8 times a call of 1, where a + b·n fitted
+over all sizes said 1.4): each call size keeps how far its calls lately were from the line
+(`StepCosts.sized`), and `call_cost` is the line times that, for the sizes seen.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+
+# weight of the newest call in a size's measured correction, and the range it is held to (one
+# call that a neighbour slowed must not turn a size's cost upside down)
+SIZE_ALPHA = 0.2
+SIZE_RANGE = (0.5, 3.0)
+# steps that verified drafts, their seconds over what the policy predicted: the newest one's
+# weight, the range, and how far toward 1 it returns with each step of decoding without drafts
+DRAFT_ALPHA = 0.2
+DRAFT_RANGE = (0.7, 3.0)
+DRAFT_FADE = 0.99
 
 
 @dataclass
@@ -60,6 +74,11 @@ class CallModel:
         return a, b
 
 
+def _mix_into(table: dict, key, value: float) -> None:
+    old = table.get(key)
+    table[key] = value if old is None else old + SIZE_ALPHA * (value - old)
+
+
 @dataclass
 class StepCosts:
     alpha: float = 0.3                    # weight of the newest observation
@@ -67,12 +86,36 @@ class StepCosts:
     prompt_token_s: float | None = None   # seconds per prompt token
     overhead_s: float | None = None       # seconds of a step outside llama_decode
     calls: CallModel = field(default_factory=CallModel)
+    # call size -> its calls' seconds over the line's prediction (weighted average, SIZE_ALPHA)
+    sized: dict[int, float] = field(default_factory=dict)
+    # the same by shape, (pieces, tokens a piece): two pieces of 2 tokens cost more than one of 4
+    shaped: dict[tuple[int, int], float] = field(default_factory=dict)
+    draft_factor: float = 1.0   # steps with drafts: measured over predicted seconds, lately
 
-    def observe_decode(self, seconds: float, tokens: int | None = None) -> None:
-        """A call of decoding tokens only (`tokens` of them, when known)."""
+    def observe_decode(self, seconds: float, tokens: int | None = None,
+                       pieces: int | None = None) -> None:
+        """A call of decoding tokens only (`tokens` of them, when known, in `pieces` pieces of
+        one length, when known)."""
         self.decode_s = self._mix(self.decode_s, seconds)
         if tokens:
+            model = self.call_model()
+            if model is not None and model[0] + model[1] * tokens > 0:
+                lo, hi = SIZE_RANGE
+                ratio = min(hi, max(lo, seconds / (model[0] + model[1] * tokens)))
+                _mix_into(self.sized, tokens, ratio)
+                if pieces and tokens % pieces == 0:
+                    _mix_into(self.shaped, (pieces, tokens // pieces), ratio)
             self.calls.observe(tokens, seconds)
+
+    def observe_draft_step(self, predicted: float, seconds: float) -> None:
+        """A step that verified drafts (its calls decoding tokens only) took `seconds` where the
+        policy predicted `predicted`; 0 predicted: a step of decoding without drafts."""
+        if predicted > 0:
+            lo, hi = DRAFT_RANGE
+            ratio = min(hi, max(lo, seconds / predicted))
+            self.draft_factor += DRAFT_ALPHA * (ratio - self.draft_factor)
+        else:
+            self.draft_factor = 1.0 + DRAFT_FADE * (self.draft_factor - 1.0)
 
     def observe_overhead(self, seconds: float) -> None:
         self.overhead_s = self._mix(self.overhead_s, max(0.0, seconds))
@@ -80,6 +123,24 @@ class StepCosts:
     def call_model(self) -> tuple[float, float] | None:
         """(a, b) of a call of decoding tokens (CallModel), b's prior a prompt token's cost."""
         return self.calls.fit(self.prompt_token_s)
+
+    def call_cost(self) -> Callable[[int, int], float] | None:
+        """What a call of `pieces` pieces of `length` decoding tokens takes: the call model's
+        line, times what calls of that shape (else of that many tokens) measured against it
+        lately (none seen: the line). None before the model."""
+        model = self.call_model()
+        if model is None:
+            return None
+        a, b = model
+        sized, shaped = self.sized, self.shaped
+
+        def cost(pieces: int, length: int = 1) -> float:
+            n = pieces * length
+            if n <= 0:
+                return 0.0
+            ratio = shaped.get((pieces, length))
+            return (a + b * n) * (sized.get(n, 1.0) if ratio is None else ratio)
+        return cost
 
     def decode_time(self, tokens: int) -> float | None:
         """What a call of this many decoding tokens should take: by the call model once it has

@@ -89,6 +89,7 @@ class StepPlan:
     finishing: int = 0             # prompt tokens planned that way, outside the allowance
     budget: int = 0                # tokens this step may take in all (set by schedule)
     wave: bool = False             # a wave step: every prompt that wants computing, whole
+    draft_s: float = 0.0           # the decoding calls' predicted seconds where drafts verify
 
     @property
     def num_tokens(self) -> int:
@@ -280,15 +281,17 @@ class Scheduler:
         grow by it. Drafts take only blocks nobody was promised and leave a grid cell of the
         budget to prompts, so a draft never preempts nor stops a prompt."""
         chunks = plan.chunks
-        candidates = [Candidate(i, len(c.seq.draft), c.seq.draft_rate)
+        candidates = [Candidate(i, len(c.seq.draft), c.seq.draft_rate, c.seq.draft_gains)
                       for i, c in enumerate(chunks) if c.seq.draft]
         model = self.costs.call_model() if candidates and self.max_draft else None
         if self.draft_always and candidates and self.max_draft:
             lengths = {c.key: min(c.available, self.max_draft) for c in candidates}
         elif model is not None:
             choice = choose(candidates, len(chunks), *model, self.costs.overhead_s or 0.0,
-                            max_length=self.max_draft)
+                            max_length=self.max_draft, cost=self.costs.call_cost(),
+                            draft_factor=self.costs.draft_factor)
             lengths = dict.fromkeys(choice.keys, choice.length)
+            plan.draft_s = choice.decode_s if choice.length else 0.0
         else:
             lengths = {}
         spare = len(self.manager.free_list) - self._promised_blocks()

@@ -65,6 +65,7 @@ class Sequence:
     # never part of `tokens` until the model accepts them
     draft: list[int] = field(default_factory=list)
     draft_rate: float = 0.0                # how likely a drafted token is accepted
+    draft_gains: tuple[float, ...] = ()    # accepted tokens of its first m, m = 1, 2, ...
 
     def __post_init__(self) -> None:
         if not self.tokens:

@@ -6,6 +6,7 @@ import time
 import pytest
 
 from engine.drafting import (
+    MAX_BACKOFF,
     Acceptance,
     Drafter,
     SequenceIndex,
@@ -89,14 +90,74 @@ def test_an_ended_sequence_that_drafted_leaves_its_answer_to_the_others():
     assert drafter.draft(drafter.start(), [0, 30, 31, 32]) == [33]
 
 
+def scored(drafter, tokens, produced):
+    """A new sequence drafts after `tokens`; the model then produces `produced`; the draft's
+    score shows on the next lookup. Returns the sequence's state."""
+    state = drafter.start()
+    draft = drafter.draft(state, tokens)
+    assert draft, "the tokens repeat: a draft"
+    drafter.finish(state, list(tokens) + list(produced))
+    return state
+
+
 def test_new_sequences_start_from_the_contexts_recent_acceptance():
-    drafter = Drafter()
+    drafter = Drafter(max_tokens=4, sizes=(2,), shared=False)
+    text = [1, 2, 3, 4, 5, 6, 1, 2]                   # drafts 3, 4, 5, 6
     for _ in range(20):
-        drafter.observe(drafter.start(), drafted=4, accepted=0)
+        scored(drafter, text, [9, 9, 9, 9])           # wrong from the first token
     assert drafter.start().acceptance.rate < 0.2
+    assert drafter.start().acceptance.gain(4) < 0.2
     for _ in range(40):
-        drafter.observe(drafter.start(), drafted=4, accepted=4)
+        scored(drafter, text, [3, 4, 5, 6])
     assert drafter.start().acceptance.rate > 0.8
+    assert drafter.start().acceptance.gain(4) > 3.0
+
+
+def test_every_draft_is_scored_by_the_tokens_the_model_went_on_to_produce():
+    """Verified or not: the model's tokens are the same either way, so drafts the policy did
+    not verify teach acceptance too (verifications only count)."""
+    drafter = Drafter(max_tokens=4, sizes=(2,), shared=False)
+    state = drafter.start()
+    tokens = [1, 2, 3, 4, 5, 6, 1, 2]
+    assert drafter.draft(state, tokens) == [3, 4, 5, 6]
+    tokens += [3, 4]                                  # right so far: not scored yet
+    drafter.draft(state, tokens)
+    assert state.acceptance.weights == []
+    tokens += [7]                                     # wrong at its third token
+    drafter.draft(state, tokens)
+    assert state.acceptance.weights == [1.0] * 4
+    assert state.acceptance.sums == [1.0, 2.0, 2.0, 2.0]
+    drafter.observe(state, drafted=2, accepted=2)     # a verification: counted, not learnt
+    assert state.acceptance.sums == [1.0, 2.0, 2.0, 2.0] and state.accepted == 2
+
+
+def test_a_sequence_whose_drafts_are_wrong_looks_up_less_often():
+    drafter = Drafter(max_tokens=2, sizes=(1,), shared=False)
+    state = drafter.start()
+    tokens = [1, 2, 1]
+    skipped = []
+    for step in range(40):             # what followed 1 last time; the model says a new token
+        skipped.append(not drafter.draft(state, tokens))
+        tokens += [100 + step, 1]
+    assert sum(skipped) > 25 and state.backoff == MAX_BACKOFF
+    for _ in range(MAX_BACKOFF + 3):   # the text repeats now: drafting again once one is right
+        drafter.draft(state, tokens)
+        tokens += [7, 1]
+    assert state.backoff == 0 and state.skip == 0
+    assert drafter.draft(state, tokens) == [7, 1]
+
+
+def test_gains_measure_drafts_that_are_right_whole_or_wrong_from_the_start():
+    """n-gram drafts are mostly all right or all wrong: half of them right whole gives half a
+    token for one drafted token and four for eight, where the geometric rate (accepted over
+    accepted and rejected: ~0.8) says 0.8 and ~3.3."""
+    a = Acceptance(decay=0.95, prior_weight=0.0)
+    for _ in range(20):
+        a.observe(drafted=8, accepted=8)
+        a.observe(drafted=8, accepted=0)
+    assert a.gain(1) == pytest.approx(0.5, abs=0.05)
+    assert a.gain(8) == pytest.approx(4.0, abs=0.5)
+    assert expected_tokens(a.rate, 1) - 1 > 0.75
 
 
 def test_acceptance_follows_recent_verifications():
@@ -133,3 +194,20 @@ def test_a_lookup_costs_microseconds_beside_a_millisecond_step():
         drafter.draft(state, text)
     per_draft = (time.perf_counter() - t0) / n
     assert per_draft < 200e-6, f"{per_draft * 1e6:.0f} us a draft"
+
+
+def test_verifications_that_accept_less_than_expected_scale_the_estimates_down():
+    drafter = Drafter(max_tokens=4, sizes=(2,), shared=False)
+    state = drafter.start()
+    state.acceptance = Acceptance(prior_weight=0.0)
+    for _ in range(10):
+        state.acceptance.observe(4, 4)
+    assert drafter.gains(state, 2) == pytest.approx((1.0, 2.0))
+    for _ in range(20):                                # verified at 2: half of it accepted
+        drafter.gains(state, 2)
+        drafter.observe(state, drafted=2, accepted=1)
+    assert drafter.realization == pytest.approx(0.5, abs=0.05)
+    assert drafter.gains(state, 2)[1] == pytest.approx(1.0, abs=0.1)
+    for _ in range(500):                               # drafts scored, none verified: it fades
+        scored(drafter, [1, 2, 3, 4, 5, 6, 1, 2], [3, 4, 5, 6])
+    assert drafter.realization > 0.9

@@ -170,3 +170,89 @@ def test_no_drafts_without_speculation():
     seq = decoding(sched, list(range(10)))
     seq.draft, seq.draft_rate = [50, 51], 0.99
     assert sched.schedule().chunks[0].drafted == 0 and seq.draft == []
+
+
+# Recorded on the same VM on 2026-11-27: a call of 2 tokens took 1.9 times a call of 1 (the line
+# a + b·n fitted over all sizes says ~1.5), prompt tokens 2.95 ms.
+RECORDED_SMALL_CALLS = [(1, .0070), (2, .0132), (1, .0071), (3, .0160), (1, .0069), (4, .0190),
+                        (1, .0070), (8, .0314), (1, .0071), (9, .0367), (1, .0070), (2, .0134),
+                        (1, .0070), (5, .0257), (1, .0070)]
+
+
+def small_call_costs() -> StepCosts:
+    costs = StepCosts()
+    costs.observe_prompt(52, 52 * 0.00295)
+    for n, s in RECORDED_SMALL_CALLS:
+        costs.observe_decode(s, n)
+    costs.observe_overhead(0.00045)
+    return costs
+
+
+def test_each_call_size_keeps_how_far_it_is_from_the_line():
+    costs = small_call_costs()
+    a, b = costs.call_model()
+    cost = costs.call_cost()
+    assert cost(1, 1) == pytest.approx(0.0070, rel=0.05)
+    assert cost(1, 2) > 1.1 * (a + 2 * b) and cost(1, 2) == pytest.approx(0.0133, rel=0.15)
+    assert cost(1, 7) == pytest.approx(a + 7 * b)       # a size never seen: the line
+    assert cost(0, 3) == 0.0
+
+
+def test_a_call_shape_keeps_its_own_cost():
+    """Two pieces of 2 tokens (two sequences verifying one drafted token each) took 27 ms
+    where one piece of 4 took 19: the shape's own measure wins over the size's."""
+    costs = small_call_costs()
+    for _ in range(3):
+        costs.observe_decode(0.0196, 4, pieces=4)
+        costs.observe_decode(0.0273, 4, pieces=2)
+    cost = costs.call_cost()
+    assert cost(2, 2) == pytest.approx(0.0273, rel=0.1)
+    assert cost(4, 1) == pytest.approx(0.0196, rel=0.1)
+    assert cost(1, 4) < cost(2, 2)                      # by size: mostly the 1x4 and 4x1 calls
+
+
+def test_first_token_drafts_right_two_times_in_three_do_not_pay_alone_on_measured_costs():
+    """One drafted token right 67 % of the time (random chat at one stream) pays on the line
+    but not at what a 2-token call measured; at 4 and 16 streams nothing pays."""
+    costs = small_call_costs()
+    a, b = costs.call_model()
+    cost = costs.call_cost()
+    wrong_late = (0.67,) * 8          # right at the first token or wrong there, never after
+    for n in (1, 4, 16):
+        cands = [Candidate(i, 8, 0.67, wrong_late) for i in range(n)]
+        assert choose(cands, n, a, b, costs.overhead_s, cost=cost).length == 0
+    assert choose([Candidate(0, 1, 0.67)], 1, a, b, costs.overhead_s).length == 1
+
+
+def test_whole_drafts_still_pay_at_one_and_four_streams_on_measured_costs():
+    """Drafts that are right whole 90 % of the time (extractive answers): long drafts at one
+    stream, short ones at four, none at sixteen."""
+    costs = small_call_costs()
+    a, b = costs.call_model()
+    cost = costs.call_cost()
+    whole = tuple(0.9 * m for m in range(1, 9))
+    lengths = [choose([Candidate(i, 8, 0.9, whole) for i in range(n)], n, a, b,
+                      costs.overhead_s, cost=cost).length for n in (1, 4, 16)]
+    assert lengths[0] >= 6 and lengths[1] >= 1 and lengths[2] == 0
+
+
+def test_gains_rank_the_candidates_that_verify():
+    cands = [Candidate(0, 8, 0.9, (0.1,) * 8), Candidate(1, 8, 0.1, tuple(range(1, 9)))]
+    choice = choose(cands, 2, A, B, OVERHEAD)
+    assert choice.keys == {1}
+
+
+def test_steps_with_drafts_slower_than_predicted_stop_drafts_that_would_pay_on_paper():
+    costs = small_call_costs()
+    a, b = costs.call_model()
+    cands = [Candidate(i, 8, 0.9, (0.9,) * 8) for i in range(4)]
+    choice = choose(cands, 4, a, b, costs.overhead_s, cost=costs.call_cost())
+    assert choice.length > 0 and choice.decode_s > 0
+    for _ in range(10):                                # those steps took 1.5 times the prediction
+        costs.observe_draft_step(choice.decode_s, 1.5 * choice.decode_s)
+    assert costs.draft_factor == pytest.approx(1.5, rel=0.05)
+    assert choose(cands, 4, a, b, costs.overhead_s, cost=costs.call_cost(),
+                  draft_factor=costs.draft_factor).length == 0
+    for _ in range(300):                               # steps without drafts: back toward 1
+        costs.observe_draft_step(0.0, 0.02)
+    assert costs.draft_factor < 1.05
