@@ -286,7 +286,7 @@ class Scheduler:
         model = self.costs.call_model() if candidates and self.max_draft else None
         if self.draft_always and candidates and self.max_draft:
             lengths = {c.key: min(c.available, self.max_draft) for c in candidates}
-        elif model is not None:
+        elif model is not None and not self._prompt_work():
             choice = choose(candidates, len(chunks), *model, self.costs.overhead_s or 0.0,
                             max_length=self.max_draft, cost=self.costs.call_cost(),
                             draft_factor=self.costs.draft_factor)
@@ -310,6 +310,15 @@ class Scheduler:
                 c.drafted = m
             else:
                 seq.draft = []
+
+    def _prompt_work(self) -> bool:
+        """Whether this step will carry prompt tokens: a running prompt, or a waiting request
+        with a free sequence. Such a step is compute-bound by its prompt, and its time (set by
+        the step target, not by the drafts) says nothing of what drafts cost, so the adaptive
+        policy drafts only in steps of decoding alone."""
+        if any(not s.is_decoding and s.status is Status.RUNNING for s in self.running):
+            return True
+        return bool(self.waiting) and self._slots_used() < self.max_seqs
 
     def _promised_blocks(self) -> int:
         """Blocks the running sequences were promised (for all their tokens and one more, and
