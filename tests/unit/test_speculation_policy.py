@@ -69,13 +69,18 @@ RECORDED_CALLS = [(1, 0.0071), (2, 0.0108), (3, 0.0142), (5, 0.0212), (9, 0.0351
 RECORDED_PROMPT_TOKEN_S = 0.0038
 
 
-def recorded_costs() -> StepCosts:
+def costs_from(calls, prompt_tokens: int, prompt_token_s: float, overhead_s: float) -> StepCosts:
+    """StepCosts fed one prompt piece, the decode calls (tokens, seconds) and a step overhead."""
     costs = StepCosts()
-    costs.observe_prompt(64, 64 * RECORDED_PROMPT_TOKEN_S)
-    for n, s in RECORDED_CALLS:
+    costs.observe_prompt(prompt_tokens, prompt_tokens * prompt_token_s)
+    for n, s in calls:
         costs.observe_decode(s, n)
-    costs.observe_overhead(0.0012)
+    costs.observe_overhead(overhead_s)
     return costs
+
+
+def recorded_costs() -> StepCosts:
+    return costs_from(RECORDED_CALLS, 64, RECORDED_PROMPT_TOKEN_S, 0.0012)
 
 
 def test_on_recorded_costs_one_stream_drafts_and_sixteen_do_not():
@@ -180,12 +185,7 @@ RECORDED_SMALL_CALLS = [(1, .0070), (2, .0132), (1, .0071), (3, .0160), (1, .006
 
 
 def small_call_costs() -> StepCosts:
-    costs = StepCosts()
-    costs.observe_prompt(52, 52 * 0.00295)
-    for n, s in RECORDED_SMALL_CALLS:
-        costs.observe_decode(s, n)
-    costs.observe_overhead(0.00045)
-    return costs
+    return costs_from(RECORDED_SMALL_CALLS, 52, 0.00295, 0.00045)
 
 
 def test_each_call_size_keeps_how_far_it_is_from_the_line():
