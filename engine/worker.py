@@ -119,6 +119,7 @@ class Worker:
         self.gather = WaveGather(self.scheduler, self.wakeup, self._drain_inbox)
         self.times = StepTimes()
         self._step_decode_s = 0.0     # this step's time inside llama_decode
+        self._step_accepted = 0
         self.publish_prefixes = publish_prefixes
         self.cached_hashes: frozenset[int] = frozenset()   # published for the router
         self.stats = self._collect_stats()                 # published for /health and metrics
@@ -301,7 +302,11 @@ class Worker:
             self.scheduler.costs.observe_overhead(t2 - t0 - self._step_decode_s)
             if self.drafter is not None and all(c.end - c.start == 1 + c.drafted
                                                 for c in plan.chunks):   # no prompt piece
-                self.scheduler.costs.observe_draft_step(plan.draft_s, self._step_decode_s)
+                costs = self.scheduler.costs
+                costs.observe_draft_step(plan.draft_s, self._step_decode_s)
+                costs.observe_decoding_step(len(plan.chunks),
+                                            len(plan.chunks) + self._step_accepted, t2 - t0,
+                                            any(c.drafted for c in plan.chunks))
 
     def _draft(self) -> None:
         """The drafting step: each decoding sequence proposes the tokens that may follow its
@@ -348,6 +353,7 @@ class Worker:
         events: list[Delivery] = []
         times = self.times
         self._step_decode_s = 0.0
+        self._step_accepted = 0   # drafted tokens accepted in this step
         for group in self._groups(plan.chunks):
             pieces = [(c.seq.seq_id, c.tokens, c.start, c.num_logits) for c in group]
             t = time.perf_counter()
@@ -465,6 +471,7 @@ class Worker:
             return part.finish_reason is not None
 
         accepted = verify(seq.draft[:k], sample, emit)
+        self._step_accepted += accepted
         self.spec.observe(k, accepted)
         assert self.drafter is not None
         self.drafter.observe(state.draft, k, accepted)

@@ -33,6 +33,10 @@ SIZE_RANGE = (0.5, 3.0)
 DRAFT_ALPHA = 0.2
 DRAFT_RANGE = (0.7, 3.0)
 DRAFT_FADE = 0.99
+# the measured gate (StepCosts.drafts_pay): weight of a step's tokens a second in its average,
+# and one step in how many goes through a closed gate
+RATE_ALPHA = 0.05
+EXPLORE_EVERY = 20
 
 
 @dataclass
@@ -74,9 +78,9 @@ class CallModel:
         return a, b
 
 
-def _mix_into(table: dict, key, value: float) -> None:
+def _mix_into(table: dict, key, value: float, alpha: float = SIZE_ALPHA) -> None:
     old = table.get(key)
-    table[key] = value if old is None else old + SIZE_ALPHA * (value - old)
+    table[key] = value if old is None else old + alpha * (value - old)
 
 
 @dataclass
@@ -91,6 +95,10 @@ class StepCosts:
     # the same by shape, (pieces, tokens a piece): two pieces of 2 tokens cost more than one of 4
     shaped: dict[tuple[int, int], float] = field(default_factory=dict)
     draft_factor: float = 1.0   # steps with drafts: measured over predicted seconds, lately
+    # steps of decoding alone, by (sequences decoding, whether drafts were verified): the
+    # tokens they produced per second, lately (RATE_ALPHA); the gate of `drafts_pay`
+    rates: dict[tuple[int, bool], float] = field(default_factory=dict)
+    _closed: dict[int, int] = field(default_factory=dict)   # steps the gate said no, by size
 
     def observe_decode(self, seconds: float, tokens: int | None = None,
                        pieces: int | None = None) -> None:
@@ -116,6 +124,28 @@ class StepCosts:
             self.draft_factor += DRAFT_ALPHA * (ratio - self.draft_factor)
         else:
             self.draft_factor = 1.0 + DRAFT_FADE * (self.draft_factor - 1.0)
+
+    def observe_decoding_step(self, decoding: int, tokens: int, seconds: float,
+                              drafted: bool) -> None:
+        """A step of `decoding` sequences decoding alone (no prompt piece) produced `tokens`
+        tokens in `seconds`, all of it counted (planning, llama_decode, sampling, delivery)."""
+        if seconds > 0 and decoding > 0:
+            _mix_into(self.rates, (decoding, drafted), tokens / seconds, RATE_ALPHA)
+
+    def drafts_pay(self, decoding: int) -> bool:
+        """Whether steps of `decoding` sequences that verified drafts produced at least as many
+        tokens a second as those that did not, as measured lately: the last word after the
+        policy's prediction, so that drafting never runs slower than not drafting. Until both
+        were seen it lets drafts through; when closed it still lets one step in EXPLORE_EVERY
+        through, so a workload that turns repetitive is noticed."""
+        with_drafts, without = (self.rates.get((decoding, True)),
+                                self.rates.get((decoding, False)))
+        if with_drafts is None or without is None or with_drafts >= without:
+            self._closed.pop(decoding, None)
+            return True
+        closed = self._closed.get(decoding, 0) + 1
+        self._closed[decoding] = 0 if closed >= EXPLORE_EVERY else closed
+        return closed >= EXPLORE_EVERY
 
     def observe_overhead(self, seconds: float) -> None:
         self.overhead_s = self._mix(self.overhead_s, max(0.0, seconds))

@@ -286,7 +286,8 @@ class Scheduler:
         model = self.costs.call_model() if candidates and self.max_draft else None
         if self.draft_always and candidates and self.max_draft:
             lengths = {c.key: min(c.available, self.max_draft) for c in candidates}
-        elif model is not None and not self._prompt_work():
+        elif (model is not None and not self._prompt_work()
+              and self.costs.drafts_pay(len(chunks))):
             choice = choose(candidates, len(chunks), *model, self.costs.overhead_s or 0.0,
                             max_length=self.max_draft, cost=self.costs.call_cost(),
                             draft_factor=self.costs.draft_factor)

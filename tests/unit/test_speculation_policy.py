@@ -256,3 +256,19 @@ def test_steps_with_drafts_slower_than_predicted_stop_drafts_that_would_pay_on_p
     for _ in range(300):                               # steps without drafts: back toward 1
         costs.observe_draft_step(0.0, 0.02)
     assert costs.draft_factor < 1.05
+
+
+def test_the_measured_gate_closes_where_drafted_steps_produced_less_and_still_explores():
+    from scheduler.costs import EXPLORE_EVERY
+
+    costs = StepCosts()
+    assert costs.drafts_pay(4)                        # nothing measured: drafts go through
+    costs.observe_decoding_step(4, 4, 0.020, drafted=False)     # 200 tokens/s
+    assert costs.drafts_pay(4)                        # drafted steps not seen yet
+    costs.observe_decoding_step(4, 5, 0.030, drafted=True)      # 167 tokens/s
+    answers = [costs.drafts_pay(4) for _ in range(2 * EXPLORE_EVERY)]
+    assert answers.count(True) == 2 and answers[EXPLORE_EVERY - 1]
+    assert costs.drafts_pay(16)                       # another size has its own record
+    for _ in range(200):                              # drafts that pay open it again
+        costs.observe_decoding_step(4, 9, 0.030, drafted=True)  # 300 tokens/s
+    assert costs.drafts_pay(4)
