@@ -111,9 +111,13 @@ class EngineConfig:
         """The most logits rows one llama_decode call asks for (of a config resolved_for a
         model): a row per piece, except a prompt whose logprobs are asked (echo), whose pieces
         want every row, one grid cell at most a step; and at least one per seq id (llama.cpp's
-        floor). llama.cpp sizes its compute and output buffers by it."""
+        floor); with speculation, a row for each token of a verification piece too.
+        llama.cpp sizes its compute and output buffers by it."""
         assert self.prefill_chunk is not None, "a config resolved_for a model"
-        return max(self.n_seq_max, min(self.step_tokens, self.n_seq_max * self.prefill_chunk))
+        rows = self.n_seq_max * self.prefill_chunk
+        if self.speculative != "off":
+            rows = max(rows, self.n_seq_max * (1 + self.max_draft))
+        return max(self.n_seq_max, min(self.step_tokens, rows))
 
     def memory_shape(self) -> ContextShape:
         """What decides a context's memory (engine/memory.py), of a config resolved_for a

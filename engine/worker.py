@@ -148,7 +148,8 @@ class Worker:
     def _probe_pieces(self, config: EngineConfig) -> bool:
         """The probe on one thread: answers do not depend on the thread count, and two threads
         next to a busy process stall at llama.cpp's barriers before the lease can react."""
-        lengths = tuple(sorted({2, 3, 5, 9, config.max_draft + 1}))   # the longest piece too
+        longest = min(config.max_draft + 1, config.step_tokens, config.n_outputs_max)
+        lengths = tuple(sorted(k for k in {2, 3, 5, 9, longest} if k <= longest))
         self.context.set_threads(1)
         try:
             return self.context.pieces_match_decoding(lengths=lengths)

@@ -87,3 +87,17 @@ def test_threads_default_to_the_cores_this_process_may_use(monkeypatch):
     monkeypatch.delenv("PAGEDLLAMA_THREADS", raising=False)
     monkeypatch.setattr(config.os, "sched_getaffinity", lambda pid: {3, 5, 7})
     assert engine_from_env().n_threads == 3 == config.usable_cores()
+
+
+def test_a_context_has_a_logits_row_for_every_token_a_verification_piece_checks():
+    # one sequence, prompts in pieces of 8: without speculation 8 rows are enough, with it a
+    # piece of the last token and max_draft drafted ones wants a row each
+    small = dict(max_seqs=1, prefill_chunk=8, max_batch_tokens=64)
+    off = EngineConfig(speculative="off", **small).resolved_for(FakeModel(False))
+    on = EngineConfig(speculative="ngram", max_draft=8, **small).resolved_for(FakeModel(False))
+    assert off.n_outputs_max == 8
+    assert on.n_outputs_max == on.n_seq_max * 9
+    # never more rows than a step has tokens
+    tight = EngineConfig(speculative="ngram", max_draft=8, max_seqs=1, prefill_chunk=4,
+                         max_batch_tokens=4).resolved_for(FakeModel(False))
+    assert tight.n_outputs_max <= tight.step_tokens
