@@ -58,7 +58,7 @@ class EngineConfig:
                                       # recomputed. None: n_ctx (one whole sequence)
     adaptive_threads: bool = True     # fewer threads while other processes use our cores
     thread_share: float = 1.0         # this context's part of the process's threads
-    speculative: str = "off"          # draftless speculative decoding: "ngram" or "off"
+    speculative: str = "ngram"        # draftless speculative decoding: "ngram" or "off"
     max_draft: int = 8                # drafted tokens a sequence may verify in one step
     spec_policy: str = "adaptive"     # "adaptive": where the measured costs say drafts pay;
                                       # "always": every draft, whole (tests, measurements)
@@ -128,7 +128,8 @@ class EngineConfig:
                             flash_attn=self.flash_attn, n_ubatch=self.step_tokens,
                             n_outputs_max=self.n_outputs_max,
                             swap_tokens=self.max_swapped_tokens
-                            if self.preemption is Preemption.SWAP else 0)
+                            if self.preemption is Preemption.SWAP else 0,
+                            speculative=self.speculative != "off")
 
     @property
     def n_seq_max(self) -> int:

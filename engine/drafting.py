@@ -86,6 +86,11 @@ class SharedTable:
     def size_bytes(self) -> int:
         return self.keys.itemsize * len(self.keys) + self.values.itemsize * len(self.values)
 
+    @staticmethod
+    def bytes_for(slots: int = SHARED_SLOTS) -> int:
+        """What a table of `slots` slots takes: a full hash and a token each."""
+        return (array("q").itemsize + array("i").itemsize) * slots
+
     def add(self, tokens: Sequence[int], start: int = 0) -> None:
         """Enter every n-gram of `tokens` that ends at or after `start` and has a token after
         it."""

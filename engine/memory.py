@@ -15,7 +15,8 @@ The parts, as llama.cpp allocates them on the CPU:
   of it per context (the scheduler recomputes beyond that);
 - the embedding context of `/v1/embeddings`, created on its first use: its own cache of `n_ctx`
   cells for one sequence and a compute buffer for an `n_ctx`-token batch;
-- the Python side of a loaded model: token pieces, the token bound, the chat template.
+- the Python side of a loaded model: token pieces, the token bound, the chat template; with
+  speculative decoding, each context's shared n-gram table (engine/drafting.py, 12 MiB).
 
 The figures are upper bounds of what becomes resident, checked against the process's memory
 by tests/test_models_on_demand.py and `python -m benchmarks.models`; the compute-buffer terms
@@ -28,6 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from engine.drafting import SharedTable
 from engine.gguf_info import GGUFHeader, read_header
 
 MiB = 1024 * 1024
@@ -145,6 +147,7 @@ class ContextShape:
     n_ubatch: int         # tokens of the largest batch (step_tokens)
     n_outputs_max: int    # logits rows of the largest batch
     swap_tokens: int      # tokens of KV a context may hold swapped out in RAM
+    speculative: bool = False   # drafts: a shared n-gram table per context
 
 
 @dataclass(frozen=True)
@@ -202,7 +205,8 @@ def estimate(shape: ModelShape, ctx: ContextShape, contexts: int = 1) -> MemoryE
     kv_cells = _pad(ctx.n_ctx) if not ctx.kv_unified else _pad(ctx.n_ctx * ctx.max_seqs)
     compute = compute_bytes(shape, ctx, kv_cells)
     swap = int(ctx.swap_tokens * shape.kv_cell_bytes(ctx.kv_type))
-    python = PYTHON_FIXED + PYTHON_PER_TOKEN * shape.n_vocab
+    table = SharedTable.bytes_for() if ctx.speculative else 0
+    python = PYTHON_FIXED + PYTHON_PER_TOKEN * shape.n_vocab + table * contexts
     embed_ctx = ContextShape(n_ctx=ctx.n_ctx, max_seqs=1, n_seq_max=1, kv_unified=True,
                              kv_type="f16", flash_attn=False, n_ubatch=ctx.n_ctx,
                              n_outputs_max=ctx.n_ctx, swap_tokens=0)
@@ -210,7 +214,7 @@ def estimate(shape: ModelShape, ctx: ContextShape, contexts: int = 1) -> MemoryE
                  + compute_bytes(shape, embed_ctx, _pad(ctx.n_ctx)))
     return MemoryEstimate(shape.weight_bytes, kv * contexts, compute * contexts,
                           swap * contexts, python, embedding,
-                          parts={"kv_per_context": kv, "kv_cell_bytes":
+                          parts={"kv_per_context": kv, "draft_table": table, "kv_cell_bytes":
                                  round(shape.kv_cell_bytes(ctx.kv_type), 1)})
 
 

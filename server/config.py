@@ -91,7 +91,7 @@ def engine_from_env() -> EngineConfig:
         cache_seqs=int(_env("CACHE_SEQS", "0")),
         swap_tokens=_int_or_none("SWAP_TOKENS"),
         adaptive_threads=_flag("ADAPTIVE_THREADS", True),
-        speculative=_env("SPECULATIVE", "off").strip().lower() or "off",
+        speculative=_env("SPECULATIVE", "ngram").strip().lower() or "ngram",
         max_draft=int(_env("MAX_DRAFT", "8")),
     )
 

@@ -61,3 +61,18 @@ def test_the_estimate_counts_the_weights_once_and_the_contexts_each():
 @pytest.mark.parametrize("path", [SMOLLM2, GEMMA3])
 def test_the_vocabulary_comes_from_the_header(path):
     assert read_shape(path).n_vocab == {SMOLLM2: 49152, GEMMA3: 262144}[path]
+
+
+def test_speculation_adds_its_shared_ngram_table_to_each_context():
+    from dataclasses import replace
+
+    from engine.drafting import SharedTable
+    smol = read_shape(SMOLLM2)
+    off, on = shape(), replace(shape(), speculative=True)
+    assert SharedTable.bytes_for() == SharedTable().size_bytes == 12 * MiB
+    assert estimate(smol, on).python - estimate(smol, off).python == 12 * MiB
+    assert (estimate(smol, on, contexts=2).python
+            - estimate(smol, off, contexts=2).python) == 24 * MiB
+    config = EngineConfig().resolved_for(type("M", (), {"on_gpu": False, "has_k_quants": False}))
+    assert config.memory_shape().speculative   # on by default
+    assert not replace(config, speculative="off").memory_shape().speculative
