@@ -52,6 +52,12 @@ from scheduler.speculation import worth_drafting
 
 log = logging.getLogger("pagedllama.engine")
 
+# the start-up probe's answers in this process (Worker._probe_pieces), by what decides them: the
+# model file, the attention kernel and KV type, the piece lengths. A model loaded again, or a
+# second context of it, does not decode the probe again.
+_probed: dict[tuple, bool] = {}
+_probed_lock = threading.Lock()
+
 
 class Observer:
     """Hooks for metrics; called from the worker thread. The default does nothing."""
@@ -129,7 +135,8 @@ class Worker:
     def _speculation(self, config: EngineConfig) -> bool:
         """Whether this context verifies drafts. Speculation keeps answers exact only where a
         token computed inside a verification piece gets the numbers it gets decoded alone
-        (Context.pieces_match_decoding, probed here once: ~0.1 s); where it does not (plain
+        (Context.pieces_match_decoding, probed once a process per model file and kernel: ~1.5 s
+        for SmolLM2 on one thread); where it does not (plain
         attention on the CPU), it stays off and says so. On a GPU answers depend on the batch
         anyway (docs/gpu.md): no probe there."""
         if config.speculative == "off":
@@ -147,14 +154,22 @@ class Worker:
 
     def _probe_pieces(self, config: EngineConfig) -> bool:
         """The probe on one thread: answers do not depend on the thread count, and two threads
-        next to a busy process stall at llama.cpp's barriers before the lease can react."""
+        next to a busy process stall at llama.cpp's barriers before the lease can react. Its
+        answer is kept for the process (`_probed`)."""
         longest = min(config.max_draft + 1, config.step_tokens, config.n_outputs_max)
         lengths = tuple(sorted(k for k in {2, 3, 5, 9, longest} if k <= longest))
-        self.context.set_threads(1)
-        try:
-            return self.context.pieces_match_decoding(lengths=lengths)
-        finally:
-            self.context.set_threads(config.n_threads)
+        path = self.model.path.resolve()
+        stat = path.stat()
+        key = (str(path), stat.st_size, stat.st_mtime_ns, self.context.attention,
+               config.flash_attn, config.kv_type, lengths)
+        with _probed_lock:
+            if key not in _probed:
+                self.context.set_threads(1)
+                try:
+                    _probed[key] = self.context.pieces_match_decoding(lengths=lengths)
+                finally:
+                    self.context.set_threads(config.n_threads)
+            return _probed[key]
 
     @property
     def steps(self) -> int:

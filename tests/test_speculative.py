@@ -277,6 +277,28 @@ def test_a_verification_piece_computes_what_decoding_computes_except_with_plain_
         worker.stop()
 
 
+@cpu_exact
+def test_the_probe_runs_once_a_process_per_model_file_and_kernel(model, monkeypatch):
+    """A model loaded again, or a second context of it, does not decode the start-up probe
+    again (it costs ~1.5 s for this model, more for larger ones); another KV type does."""
+    from engine import worker as worker_module
+    monkeypatch.setattr(worker_module, "_probed", {})
+    calls = []
+    probe = Context.pieces_match_decoding
+
+    def counted(self, *args, **kwargs):
+        calls.append(self.config.kv_type)
+        return probe(self, *args, **kwargs)
+    monkeypatch.setattr(Context, "pieces_match_decoding", counted)
+    for kv_type, probes in (("f16", 1), ("f16", 1), ("q8_0", 2)):
+        worker = make_worker(model, flash_attn=True, kv_type=kv_type)
+        try:
+            assert worker.speculative and len(calls) == probes
+        finally:
+            worker.stop()
+    assert calls == ["f16", "q8_0"]
+
+
 def test_health_metrics_and_stats_show_speculation():
     """/health names the mode and the bound; /metrics has vLLM's counters, whose values agree
     with /stats and with each other (a token accepted at position i was accepted at every
