@@ -84,7 +84,7 @@ class SharedTable:
 
     @property
     def size_bytes(self) -> int:
-        return self.keys.itemsize * len(self.keys) + self.values.itemsize * len(self.values)
+        return self.bytes_for(len(self.values))
 
     @staticmethod
     def bytes_for(slots: int = SHARED_SLOTS) -> int:

@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     model = Model(args.model)
     ctx = Context(model, ContextConfig(n_ctx=args.depth + 64, n_seq_max=1,
-                                       n_batch=max(512, max(PIECES)), n_threads=args.threads,
+                                       n_batch=512, n_threads=args.threads,
                                        flash_attn=True, n_outputs_max=max(PIECES)))
     rng = np.random.default_rng(1)
     vocab = model.n_vocab
@@ -49,8 +49,7 @@ def main(argv: list[str] | None = None) -> int:
             runs.append(time.perf_counter() - t0)
             ctx.seq_rm(0, args.depth, -1)
         times[k] = statistics.median(runs)
-    print(f"{model.path.name if hasattr(model, 'path') else args.model}, {args.threads} threads, "
-          f"pieces {args.depth} tokens deep")
+    print(f"{model.path.name}, {args.threads} threads, pieces {args.depth} tokens deep")
     print(" k   ms/call  ms/token  k x 1-token call / k-token call")
     for k, t in times.items():
         print(f"{k:2d}  {t * 1e3:8.2f}  {t * 1e3 / k:8.2f}  {k * times[1] / t:6.2f}")
