@@ -160,8 +160,9 @@ class Worker:
         lengths = tuple(sorted(k for k in {2, 3, 5, 9, longest} if k <= longest))
         path = self.model.path.resolve()
         stat = path.stat()
+        # the attention path is None exactly when flash attention is off
         key = (str(path), stat.st_size, stat.st_mtime_ns, self.context.attention,
-               config.flash_attn, config.kv_type, lengths)
+               config.kv_type, lengths)
         with _probed_lock:
             if key not in _probed:
                 self.context.set_threads(1)
