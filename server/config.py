@@ -50,6 +50,7 @@ class Settings:
     memory_budget: int = 0                  # bytes the loaded models may take together
     memory_budget_source: str = ""          # where the budget came from (for the log)
     load_timeout: float = 300.0             # seconds a request waits for its model to load
+    beyond_trained: bool = False            # n_ctx may exceed the model's trained context
 
 
 def _env(name: str, default: str) -> str:
@@ -96,6 +97,27 @@ def engine_from_env() -> EngineConfig:
     )
 
 
+TEMPLATES = Path(__file__).resolve().parent.parent / "engine" / "templates"
+
+
+def chat_template_path(value: str, base: Path, where: str) -> Path:
+    """A chat template given by name (a file of engine/templates: `chatml`, `gemma`) or as a
+    Jinja file (relative to `base`), as llama-server's --chat-template / --chat-template-file."""
+    named = TEMPLATES / f"{value}.jinja"
+    if "/" not in value and named.is_file():
+        return named
+    path = Path(value) if Path(value).is_absolute() else (base / value).resolve()
+    if not path.is_file():
+        names = ", ".join(sorted(p.stem for p in TEMPLATES.glob("*.jinja")))
+        raise ValueError(f"{where}: no file {path}, and not a template name ({names})")
+    return path
+
+
+def chat_template_from_env() -> Path | None:
+    value = _env("CHAT_TEMPLATE", "").strip()
+    return chat_template_path(value, Path.cwd(), "PAGEDLLAMA_CHAT_TEMPLATE") if value else None
+
+
 def model_name(path: Path) -> str:
     return path.name.removesuffix(".gguf")
 
@@ -120,7 +142,7 @@ def load_settings() -> Settings:
         path = Path(_env("MODEL", str(DEFAULT_MODEL)))
         models = [ModelSpec(_env("MODEL_NAME", model_name(path)), path, base,
                             int(_env("CONTEXTS", "1")), gpu_layers=gpu_layers_from_env(),
-                            pin=True, keep_alive=-1)]
+                            chat_template=chat_template_from_env(), pin=True, keep_alive=-1)]
     if not models:
         raise ValueError(f"PAGEDLLAMA_MODELS_DIR={models_dir}: no .gguf file there")
     _partition_threads(models)
@@ -128,7 +150,8 @@ def load_settings() -> Settings:
     return Settings(models, _env("LOG_LEVEL", "info"), os.environ.get("PAGEDLLAMA_API_KEY"),
                     edge_from_env(models), int(_env("MAX_N", "8")),
                     _flag("ELASTIC_THREADS", True), _flag("REPACK_WEIGHTS", False),
-                    budget, source, float(_env("LOAD_TIMEOUT", "300")))
+                    budget, source, float(_env("LOAD_TIMEOUT", "300")),
+                    _flag("N_CTX_BEYOND_TRAINED", False))
 
 
 _UNITS = {"": 1, "b": 1, "k": 1024, "kb": 1000, "kib": 1024, "m": 1024**2, "mb": 1000**2,
@@ -295,11 +318,8 @@ def _models_from_file(path: Path, base: EngineConfig,
         gpu_layers = entry.pop("gpu_layers", None)
         chat_template = entry.pop("chat_template", None)
         if chat_template is not None:
-            chat_template = Path(chat_template)
-            if not chat_template.is_absolute():
-                chat_template = (path.parent / chat_template).resolve()
-            if not chat_template.is_file():
-                raise ValueError(f"{path}: models[{i}].chat_template: no file {chat_template}")
+            chat_template = chat_template_path(str(chat_template), path.parent,
+                                               f"{path}: models[{i}].chat_template")
         defaults = sampling_defaults(entry.pop("defaults", None) or {},
                                      f"{path}: models[{i}].defaults")
         overrides = {_ALIASES.get(k, k): v for k, v in entry.items()}

@@ -51,3 +51,11 @@ async def stats(http: HTTPRequest):
 @router.get("/dashboard", include_in_schema=False)
 async def dashboard():
     return FileResponse(DASHBOARD, media_type="text/html", headers={"Cache-Control": "no-cache"})
+
+
+@router.api_route("/", methods=["GET", "HEAD"], include_in_schema=False)
+async def root() -> dict:
+    """What a client probing the base URL gets (Claude Code sends `HEAD /` before its first
+    request): 200, with where to look next."""
+    return {"name": "pagedllama", "status": "ok", "health": "/health", "models": "/v1/models",
+            "docs": "/docs"}

@@ -34,7 +34,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from types import SimpleNamespace
 
@@ -196,6 +196,7 @@ class Models:
 
     def _entry(self, spec: ModelSpec) -> Entry:
         header = _header(spec)
+        cap_context(spec, header, self.settings.beyond_trained)
         facts, est = spec_estimate(spec, header)
         entry = Entry(spec, facts, est, keep_alive=spec.keep_alive)
         source = (spec.chat_template.read_text() if spec.chat_template is not None
@@ -533,6 +534,28 @@ def _header(spec: ModelSpec) -> GGUFHeader:
         return read_header(spec.path)
     except (OSError, ValueError) as exc:
         raise ValueError(f"model {spec.name!r}: {exc}") from None
+
+
+def cap_context(spec: ModelSpec, header: GGUFHeader, beyond: bool) -> None:
+    """A context per sequence beyond what the model was trained on is capped there, as
+    llama-server caps a slot (answers past it degrade), unless PAGEDLLAMA_N_CTX_BEYOND_TRAINED
+    allows it (RoPE-scaled use, protocol tests with long prompts on a small model)."""
+    arch = header.metadata.get("general.architecture")
+    try:
+        trained = int(header.metadata[f"{arch}.context_length"])
+    except (KeyError, TypeError, ValueError):
+        return
+    if trained <= 0 or spec.engine.n_ctx <= trained:
+        return
+    if beyond:
+        log.warning("%s: n_ctx %d is beyond the %d tokens the model was trained on "
+                    "(PAGEDLLAMA_N_CTX_BEYOND_TRAINED): answers past %d may degrade",
+                    spec.name, spec.engine.n_ctx, trained, trained)
+        return
+    log.warning("%s: n_ctx %d capped at %d, the context the model was trained on "
+                "(PAGEDLLAMA_N_CTX_BEYOND_TRAINED=1 allows more)", spec.name, spec.engine.n_ctx,
+                trained)
+    spec.engine = replace(spec.engine, n_ctx=trained)
 
 
 def spec_estimate(spec: ModelSpec,

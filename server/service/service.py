@@ -33,9 +33,12 @@ from server.openai.schemas import SamplingFields
 from server.service.leases import hold
 from server.service.models import LoadedModel, Models
 from server.service.prompts import PromptPool
-from server.service.routing import pick_replica
+from server.service.routing import Affinity
 
 log = logging.getLogger("pagedllama.request")
+# names the hosted / server tools a request gave that this server does not run (left out of
+# the prompt); the request log names them too (http.state.ignored_tools)
+IGNORED_TOOLS_HEADER = "x-pagedllama-ignored-tools"
 SHUTDOWN = FinishReason.ABORT   # the finish reason of a request a drain ended (ErrorKind.SHUTDOWN)
 
 
@@ -122,6 +125,7 @@ class Service:
         self.settings, self.observer = settings, observer
         self.catalog: Models | None = None
         self.pool = PromptPool()
+        self.routes = Affinity()
         self.live: set[Live] = set()
         self.closing = False      # set once a drain has ended what ran: nothing new starts
         self.shutdown_message = ""
@@ -194,6 +198,16 @@ class Service:
             lm, messages, max_tokens, add_generation_prompt, continue_final_message, tools, param,
             no_thinking))
 
+    def count_chat_tokens(self, lm: LoadedModel, messages: list[dict], use: ToolUse | None,
+                          prefill: bool, no_thinking: bool = False) -> int:
+        """A chat prompt's length in tokens, rendered and tokenized here (on a prompt-pool
+        thread: called from work that `prepare` runs)."""
+        tools = None
+        if use is not None:
+            messages, tools = prompt_input(messages, use, lm.template.knows_tools)
+        return len(self._render_and_tokenize(lm, messages, None, not prefill, prefill, tools,
+                                             no_thinking=no_thinking))
+
     async def text_prompt(self, lm: LoadedModel, text: str, max_tokens: int | None,
                           http: HTTPRequest) -> list[int]:
         self._check_bound(lm, text, max_tokens, "prompt")
@@ -220,9 +234,10 @@ class Service:
         return prompt
 
     def _check_bound(self, lm: LoadedModel, text: str, max_tokens: int | None, param: str) -> None:
-        """Reject, without tokenizing, a text that has more tokens than can fit."""
+        """Reject, without tokenizing, a text that alone has more tokens than can fit (with
+        room for one generated token: a larger max_tokens is capped at submission)."""
         at_least = lm.bound.at_least(text)
-        if at_least + (max_tokens or 1) > lm.max_seq_len:
+        if at_least + 1 > lm.max_seq_len:
             raise _too_long(lm.max_seq_len, at_least, max_tokens, param)
 
     async def prepare(self, lm: LoadedModel, cost: int, http: HTTPRequest, work):
@@ -246,17 +261,17 @@ class Service:
     # ---- one request --------------------------------------------------------------------------
     def generate(self, lm: LoadedModel, prompts: list[list[int]], body: SamplingFields,
                  max_tokens: int | None, http: HTTPRequest,
-                 grammar: str | None = None) -> Generation:
+                 grammar: str | None = None, *, affinity: str | None = None) -> Generation:
         """Validate and submit one request (body.n choices of each prompt; choice j of prompt i
         has index i * n + j); the stable entry point for every API surface. `grammar` (an
         llguidance grammar, see server/openai/structured.py) constrains the output token by
-        token."""
+        token; `affinity` (a session's key) keeps a session on the replica that served it."""
         parts: list[Part] = []
         try:
             for i, prompt in enumerate(prompts):
                 queue = parts[0][1].queue if parts else None
                 parts.append(self.submit(lm, prompt, body, max_tokens, grammar,
-                                         index=i * body.n, queue=queue))
+                                         index=i * body.n, queue=queue, affinity=affinity))
         except APIError:
             for worker, req in parts:
                 for r in req.group:
@@ -293,28 +308,31 @@ class Service:
 
     def submit(self, lm: LoadedModel, prompt: list[int], body: SamplingFields,
                max_tokens: int | None, grammar: str | None = None, *, index: int = 0,
-               queue: asyncio.Queue | None = None) -> tuple[Worker, Request]:
-        """Submit body.n choices of one prompt: the first, and n - 1 forks of it."""
+               queue: asyncio.Queue | None = None,
+               affinity: str | None = None) -> tuple[Worker, Request]:
+        """Submit body.n choices of one prompt: the first, and n - 1 forks of it. A max_tokens
+        beyond the context left after the prompt is capped there (as llama-server and Ollama
+        do: agents ask for 32,000 whatever the model); the answer then ends with the context,
+        finish reason "length". A prompt that alone leaves no room is a 400."""
         if not prompt:
             raise APIError(400, "the prompt is empty", "empty_prompt", "prompt")
         if any(t < 0 or t >= lm.model.n_vocab for t in prompt):
             raise APIError(400, f"prompt token ids must be in [0, {lm.model.n_vocab})",
                            "invalid_token", "prompt")
         limit = lm.max_seq_len
-        needed = len(prompt) + (max_tokens or 1)
-        if needed > limit:
-            # blame max_tokens only where the prompt alone fits; else the field the prompt is in
-            where = ("max_tokens" if len(prompt) < limit
-                     else "messages" if hasattr(body, "messages")
+        if len(prompt) + 1 > limit:
+            where = ("messages" if hasattr(body, "messages")
                      else "input" if hasattr(body, "input") else "prompt")
             raise APIError(400, f"This model's maximum context length is {limit} tokens. However, "
-                           f"you requested {needed} tokens ({len(prompt)} in the prompt, "
-                           f"{max_tokens or 1} for the completion). Please reduce the prompt or "
-                           "max_tokens.", "context_length_exceeded", where)
+                           f"the prompt has {len(prompt)} tokens, which leaves no room for the "
+                           "completion. Please reduce the prompt.", "context_length_exceeded",
+                           where)
+        if max_tokens is not None:
+            max_tokens = min(max_tokens, limit - len(prompt))
         self._refuse_when_closing()
         params = self._sampling(lm, body, max_tokens)
         params.grammar = grammar
-        worker = pick_replica(lm.workers, prompt)
+        worker = self.routes.pick(lm.workers, prompt, affinity)
         req = Request(prompt, params, body.priority, body.timeout, index=index)
         req.forks = [Request(prompt, replace(params, seed=choice_seed(params.seed, j)),
                              body.priority, body.timeout, index=index + j)
@@ -447,12 +465,14 @@ class Service:
         drafted = sum(r.num_drafted for r in choices)
         spec = (f" drafted={drafted} accepted={sum(r.num_accepted for r in choices)}"
                 if drafted else "")
+        ignored = getattr(http.state, "ignored_tools", None)
         log.info("%s %s %s model=%s prompt=%d cached=%d completion=%d%s%s ttft=%s total=%.3fs "
-                 "finish=%s", http.method, http.url.path, outcome, worker.name,
+                 "finish=%s%s", http.method, http.url.path, outcome, worker.name,
                  sum(len(p.prompt) for _, p in parts), sum(p.num_cached for _, p in parts),
                  sum(r.num_output for r in choices), spec,
                  f" choices={len(choices)}" if len(choices) > 1 else "", ttft,
-                 now - req.arrival_time, req.finish_reason or "cancelled")
+                 now - req.arrival_time, req.finish_reason or "cancelled",
+                 f" ignored_tools={','.join(ignored)}" if ignored else "")
 
 
 _ERROR_STATUS = {ErrorKind.ENGINE: 500, ErrorKind.INVALID: 400, ErrorKind.SHUTDOWN: 503}
@@ -476,11 +496,10 @@ def _text_size(value) -> int:
 
 
 def _too_long(limit: int, prompt_tokens: int, max_tokens: int | None, param: str) -> APIError:
-    needed = prompt_tokens + (max_tokens or 1)
-    return APIError(400, f"This model's maximum context length is {limit} tokens. However, you "
-                    f"requested at least {needed} tokens (at least {prompt_tokens} in the "
-                    f"prompt, {max_tokens or 1} for the completion). Please reduce the prompt "
-                    "or max_tokens.", "context_length_exceeded", param)
+    """A prompt that alone cannot fit (its length is a lower bound: counted without tokenizing)."""
+    return APIError(400, f"This model's maximum context length is {limit} tokens. However, the "
+                    f"prompt has at least {prompt_tokens} tokens, which leaves no room for the "
+                    "completion. Please reduce the prompt.", "context_length_exceeded", param)
 
 
 async def _unless_disconnected(work, http: HTTPRequest):
