@@ -11,14 +11,20 @@ naming its field (`messages.2.content.0.type`, `tools.1.input_schema`, `tool_cho
   in the order of the blocks. From there the tools go the way chat's go
   (server/chat/tools.py: the template's own format or the fallback).
 - A last message from the assistant is a prefill: the answer continues its text.
-- `image` and `document` blocks are refused until a served model can see; so are server tools
-  (`web_search_…`, `bash_…`, …), which this server does not run.
+- `image` and `document` blocks are refused until a served model can see. Server tools
+  (`web_search_…`, `bash_…`, …), which this server does not run, are left out of the prompt and
+  named (the route's `x-pagedllama-ignored-tools` header); a tool_choice forcing one is a 400.
+- A system block starting `x-anthropic-billing-header:` (Claude Code's, with a per-request hash)
+  is left out: it means nothing to the model and would defeat the prefix cache.
+- A tool whose schema uses keywords the grammar cannot enforce (`propertyNames`, …) is served
+  unless it is `strict`; `thinking: adaptive` on a model that does not think answers without
+  thinking.
 """
 from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import ValidationError
@@ -27,7 +33,7 @@ from server.anthropic.schemas import MessagesFields, MessagesRequest, invalid, u
 from server.chat.tools import Function, ToolUse
 from server.http.errors import APIError
 from server.openai.schemas import SamplingFields
-from server.openai.structured import compile_schema
+from server.openai.structured import enforceable_schema
 
 JOIN = "\n\n"   # between the text blocks of one message
 _UNKNOWN = ("is not a field this server knows; it is refused rather than ignored, because "
@@ -40,6 +46,7 @@ _THINKING = frozenset({"type", "thinking", "signature", "cache_control"})
 _TOOL = frozenset({"type", "name", "description", "input_schema", "cache_control", "strict",
                    "eager_input_streaming", "defer_loading", "input_examples", "allowed_callers"})
 _TOOL_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,128}$")
+_TOOL_TYPE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 _SEES = ("image", "document")
 
 
@@ -105,8 +112,24 @@ def text_of(content: Any, where: str) -> str:
     return JOIN.join(texts)
 
 
+# Claude Code's first system block: a client version and a per-request hash (`cch=`) that mean
+# nothing to the model and would change the prompt's first tokens on every request.
+BILLING_HEADER = "x-anthropic-billing-header:"
+
+
 def system_text(body: MessagesFields) -> str | None:
-    return None if body.system is None else text_of(body.system, "system")
+    """The system prompt as one text, without a billing-header block (or first line)."""
+    system = body.system
+    if system is None:
+        return None
+    if isinstance(system, str):
+        head, _, rest = system.partition("\n")
+        return rest if head.startswith(BILLING_HEADER) else system
+    kept = [b for b in system if not (isinstance(b, dict) and b.get("type") == "text"
+                                      and str(b.get("text", "")).startswith(BILLING_HEADER))]
+    if len(kept) == len(system):
+        return text_of(system, "system")
+    return text_of(kept, "system") if kept else None
 
 
 # ---- messages ----------------------------------------------------------------------------------
@@ -177,6 +200,8 @@ def _assistant(blocks: list[tuple[str, dict]]) -> dict:
         elif kind == "thinking":
             _keys(block, _THINKING, where)
             thoughts.append(_string(block, "thinking", where))
+        elif kind == "redacted_thinking":   # opaque (another server's): nothing to show
+            _keys(block, frozenset({"type", "data", "cache_control"}), where)
         else:
             raise _not_here(kind, where, "assistant")
     message: dict = {"role": "assistant", "content": JOIN.join(texts)}
@@ -232,25 +257,37 @@ def to_chat(body: MessagesFields) -> tuple[list[dict], bool]:
 class Tools:
     use: ToolUse
     first_only: bool = False    # disable_parallel_tool_use with "auto": at most one call kept
+    ignored: list[str] = field(default_factory=list)   # the types of server tools left out
 
 
 def tools_of(body: MessagesFields) -> Tools:
     choice = _choice(body)
-    functions, names = [], set()
+    functions, names, ignored = [], set(), {}
     for i, tool in enumerate(body.tools or []):
+        kind = _object(tool, f"tools.{i}").get("type")
+        if kind not in (None, "custom"):   # a server tool: not run here, left out of the prompt
+            if not isinstance(kind, str) or not _TOOL_TYPE.match(kind):
+                raise invalid(f"tools.{i}.type", "must be a tool type name (letters, digits, "
+                              "'_', '-', '.')")
+            ignored[str(tool.get("name") or kind)] = kind
+            continue
         fn = _tool(tool, f"tools.{i}", choice)
         if fn.name in names:
             raise invalid(f"tools.{i}.name", f"the tool name {fn.name!r} is given twice")
         names.add(fn.name)
         functions.append(fn)
     kind, name, parallel = choice
+    if kind == "tool" and name in ignored:
+        raise unsupported("tool_choice.name", f"forces the server tool {name!r} "
+                          f"({ignored[name]}), which this server does not run")
     if kind == "tool" and name not in names:
         raise invalid("tool_choice.name", f"names the tool {name!r}, which is not in tools")
     if kind in ("any", "tool") and not functions:
         raise invalid("tool_choice", f"tool_choice {kind!r} needs tools")
     mapped = {"auto": "auto" if functions else "none", "any": "required", "none": "none",
               "tool": name}[kind]
-    return Tools(ToolUse(functions, mapped, parallel), first_only=kind == "auto" and not parallel)
+    return Tools(ToolUse(functions, mapped, parallel), first_only=kind == "auto" and not parallel,
+                 ignored=sorted(set(ignored.values())))
 
 
 def _choice(body: MessagesFields) -> tuple[str, str | None, bool]:
@@ -273,10 +310,6 @@ def _choice(body: MessagesFields) -> tuple[str, str | None, bool]:
 
 def _tool(tool: Any, where: str, choice: tuple[str, str | None, bool]) -> Function:
     tool = _object(tool, where)
-    kind = tool.get("type")
-    if kind not in (None, "custom"):
-        raise unsupported(f"{where}.type", f"server tools ({kind!r}) are not run by this server; "
-                          "give client tools: name, description, input_schema")
     _keys(tool, _TOOL, where)
     name = _string(tool, "name", where, empty=False)
     if not _TOOL_NAME.match(name):
@@ -284,11 +317,12 @@ def _tool(tool: Any, where: str, choice: tuple[str, str | None, bool]) -> Functi
     description = tool.get("description") or ""
     if not isinstance(description, str):
         raise invalid(f"{where}.description", "must be a string")
-    if tool.get("defer_loading"):
-        raise unsupported(f"{where}.defer_loading", "every tool is shown to the model here")
-    if tool.get("input_examples"):
-        raise unsupported(f"{where}.input_examples", "tool input examples are not shown to the "
-                          "model here")
+    examples = tool.get("input_examples")   # shown to the model after the description
+    if examples is not None:
+        if not isinstance(examples, list) or not all(isinstance(e, dict) for e in examples):
+            raise invalid(f"{where}.input_examples", "must be a list of objects")
+        description += "".join("\nExample input: " + json.dumps(e, ensure_ascii=False)
+                               for e in examples)
     _null_or(tool, "allowed_callers", where, (["direct"],))
     strict = tool.get("strict")
     if strict is not None and not isinstance(strict, bool):
@@ -299,8 +333,11 @@ def _tool(tool: Any, where: str, choice: tuple[str, str | None, bool]) -> Functi
     schema = tool.get("input_schema")
     if not isinstance(schema, dict) or schema.get("type") != "object":
         raise invalid(f"{where}.input_schema", "must be a JSON schema of type 'object'")
-    compile_schema(schema, f"{where}.input_schema")   # a 400 naming it if it is invalid
-    return Function(name, description, schema)
+    # a 400 naming it if it is invalid; keywords the grammar cannot enforce are a 400 only for
+    # a strict tool (a free call's input is checked against the whole schema once written)
+    enforced = enforceable_schema(schema, f"{where}.input_schema", strict=bool(strict))
+    return Function(name, description, schema,
+                    enforced=None if enforced is schema else enforced)
 
 
 # ---- thinking ----------------------------------------------------------------------------------
@@ -325,6 +362,8 @@ def thinking_of(body: MessagesFields, model: str, thinks: bool,
         raise invalid("thinking.type", "must be 'enabled', 'adaptive' or 'disabled'")
     _keys(t, frozenset({"type", "display"} | ({"budget_tokens"} if kind == "enabled" else set())),
           "thinking")
+    if not thinks and kind == "adaptive":   # the model decides, and this one never thinks
+        return ThinkingAsk()
     if not thinks:
         raise unsupported("thinking", f"the model '{model}' does not think (its chat template "
                           "writes no reasoning)")

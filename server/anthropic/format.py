@@ -29,9 +29,10 @@ from dataclasses import dataclass, field
 from engine import Request
 from scheduler import FinishReason
 from server.chat.answer import Piece, Reasoning
-from server.chat.tools import CLOSE, OPEN, ToolCall
+from server.chat.tools import CLOSE, OPEN, Function, ToolCall
 from server.http.errors import anthropic_error
 from server.http.sse import json_data, message
+from server.openai.structured import validate_arguments
 
 
 def new_message_id() -> str:
@@ -81,9 +82,13 @@ def _event(kind: str, **payload) -> bytes:
 
 @dataclass
 class MessageShape:
-    """One answer's blocks as they are built, and its events when it streams."""
+    """One answer's blocks as they are built, and its events when it streams. A call whose
+    input is not an object, or breaks its tool's input_schema (a free call is not held to
+    keywords the grammar cannot enforce), stays text, as the model wrote it."""
     model: str
     omit_thinking: bool = False       # thinking.display "omitted": blocks without their text
+    tools: list[Function] = field(default_factory=list)
+    edits: list[dict] | None = None   # context_management's applied edits (None: none asked)
     id: str = field(default_factory=new_message_id)
     blocks: list[dict] = field(default_factory=list)
     open: str | None = None           # the kind of the open block ("text", "thinking")
@@ -96,7 +101,7 @@ class MessageShape:
         for piece in pieces:
             if isinstance(piece, ToolCall):
                 arguments = _input(piece)
-                if arguments is None:
+                if arguments is None or self._breaks_schema(piece):
                     out += self._text("text", _markup(piece))
                     continue
                 out += self._close()
@@ -115,6 +120,10 @@ class MessageShape:
             else:
                 out += self._text("text", piece)
         return out
+
+    def _breaks_schema(self, call: ToolCall) -> bool:
+        schema = next((f.parameters for f in self.tools if f.name == call.name), None)
+        return schema is not None and validate_arguments(schema, call.arguments) is not None
 
     def _text(self, kind: str, text: str) -> list[bytes]:
         out: list[bytes] = []
@@ -154,9 +163,15 @@ class MessageShape:
     # ---- a whole message ---------------------------------------------------------------------
     def message(self, stop: tuple[str | None, str | None], use: dict) -> dict:
         reason, sequence = stop
-        return {"id": self.id, "type": "message", "role": "assistant", "model": self.model,
-                "content": self.blocks, "stop_reason": reason, "stop_sequence": sequence,
-                "usage": use}
+        message = {"id": self.id, "type": "message", "role": "assistant", "model": self.model,
+                   "content": self.blocks, "stop_reason": reason, "stop_sequence": sequence,
+                   "usage": use}
+        if self.edits is not None:
+            message["context_management"] = self.context_management()
+        return message
+
+    def context_management(self) -> dict:
+        return {"applied_edits": self.edits or []}
 
     # ---- a stream ---------------------------------------------------------------------------
     def start(self, use: dict) -> bytes:
@@ -167,7 +182,8 @@ class MessageShape:
         reason, sequence = stop
         return self.close() + [
             _event("message_delta", delta={"stop_reason": reason, "stop_sequence": sequence},
-                   usage=use),
+                   usage=use, **({"context_management": self.context_management()}
+                                 if self.edits is not None else {})),
             _event("message_stop")]
 
 

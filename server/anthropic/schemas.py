@@ -16,18 +16,20 @@ from server.http.errors import APIError
 from server.openai.schemas import INT32_MAX, INT64_MAX, Body, Bool, Float, Int, KeepAlive
 
 # Accepted and ignored: they label or route a request, or mark what to cache (our prefix cache
-# takes every prompt by itself), and never change its tokens.
+# takes every prompt by itself), and never change its tokens. (`metadata.user_id` also names
+# the session that keeps a replica: server/api/anthropic.py.)
 HARMLESS = frozenset({"metadata", "cache_control", "service_tier", "inference_geo",
                       "user_profile_id", "workspace_id"})
+
+# output_config.effort: how much a model may think; a hint that asks nothing of a model that
+# does not think, and that no thinking template here takes a budget from.
+EFFORTS = ("low", "medium", "high", "xhigh", "max")
 
 # Anthropic's fields we know and do not implement: any value that asks for something is a 400.
 UNSUPPORTED = {
     "container": "no code-execution containers run here",
     "mcp_servers": "this server does not connect to MCP servers; give their tools in 'tools'",
-    "context_management": "the history is used as it is sent; nothing is cleared or compacted",
     "diagnostics": "no prompt-cache diagnostics are produced here",
-    "output_config": "structured output is not part of this API here (use the OpenAI routes' "
-                     "response_format), and the effort cannot be set",
     "output_format": "structured output is not part of this API here (use the OpenAI routes' "
                      "response_format)",
 }
@@ -47,6 +49,8 @@ class MessagesFields(Body):
     tool_choice: dict[str, Any] | None = None
     thinking: dict[str, Any] | None = None
     speed: str | None = None
+    context_management: Any = None     # server/anthropic/context.py
+    output_config: dict[str, Any] | None = None
     keep_alive: KeepAlive = None   # this server's extension (Ollama's field)
 
 
@@ -82,6 +86,19 @@ def check_fields(body: MessagesFields) -> None:
         raise unsupported(name, _UNKNOWN)
     if body.speed not in (None, "standard"):
         raise unsupported("speed", "one speed here: 'standard'")
+    _check_output_config(body.output_config or {})
+
+
+def _check_output_config(config: dict[str, Any]) -> None:
+    for key, value in config.items():
+        if key == "effort":
+            if value is not None and value not in EFFORTS:
+                raise invalid("output_config.effort", f"must be one of {', '.join(EFFORTS)}")
+        elif key == "format" and value is not None:
+            raise unsupported("output_config.format", "structured output is not part of this "
+                              "API here (use the OpenAI routes' response_format)")
+        elif value is not None:
+            raise unsupported(f"output_config.{key}", _UNKNOWN)
 
 
 def _asks_nothing(value: Any) -> bool:

@@ -6,22 +6,31 @@ Anthropic's shape (server/http/errors.py)."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import AsyncIterator
 
 from fastapi import APIRouter
 from fastapi import Request as HTTPRequest
+from fastapi.responses import JSONResponse
 
 from engine import Request
 from scheduler import FinishReason
-from server.anthropic.convert import sampling, thinking_of, to_chat, tools_of
+from server.anthropic.context import ContextEdits, apply_edits, parse_edits
+from server.anthropic.convert import Tools, sampling, thinking_of, to_chat, tools_of
 from server.anthropic.format import MessageShape, error_event, ping, stop_reason, usage
-from server.anthropic.schemas import CountTokensRequest, MessagesRequest, check_fields, unsupported
+from server.anthropic.schemas import (
+    CountTokensRequest,
+    MessagesFields,
+    MessagesRequest,
+    check_fields,
+    unsupported,
+)
 from server.chat.answer import AnswerStream, constrain_after_thinking, thinking_mode
 from server.http.openapi import ANTHROPIC_ERROR_RESPONSES, MESSAGES_STREAMED
 from server.http.sse import EventStream
 from server.service.models import LoadedModel
-from server.service.service import Generation, Service, error_status
+from server.service.service import IGNORED_TOOLS_HEADER, Generation, Service, error_status
 
 router = APIRouter(prefix="/v1", responses=ANTHROPIC_ERROR_RESPONSES)
 
@@ -36,44 +45,111 @@ def _thinks(lm: LoadedModel) -> bool:
 @router.post("/messages", responses=MESSAGES_STREAMED)
 async def create_message(body: MessagesRequest, http: HTTPRequest):
     check_fields(body)
+    edits = parse_edits(body.context_management)
     svc: Service = http.app.state.service
     lm = await svc.get(body.model, http, body.keep_alive)
     if body.max_tokens == 0:
         raise unsupported("max_tokens", "0 (filling the cache without an answer) is not served "
                           "here: our prefix cache keeps every prompt it computes anyway")
-    messages, prefill = to_chat(body)
     tools = tools_of(body)
     ask = thinking_of(body, lm.name, _thinks(lm), body.max_tokens)
+    body, applied = await _edit_context(svc, lm, body, edits, tools, ask.off, http)
+    messages, prefill = to_chat(body)
     fields = sampling(body)
     prompt = await svc.chat_prompt(lm, messages, body.max_tokens, http, not prefill, prefill,
                                    tools.use, no_thinking=ask.off)
     mode = None if prefill or ask.off else thinking_mode(_thinks(lm), prompt.opens_thinking)
     grammar = constrain_after_thinking(tools.use.grammar(), mode)
-    gen = svc.generate(lm, [prompt], fields, body.max_tokens, http, grammar)
+    gen = svc.generate(lm, [prompt], fields, body.max_tokens, http, grammar,
+                       affinity=session_key(body, http))
+    http.state.ignored_tools = tools.ignored   # for the request log
     answer = AnswerStream(tools.use.active, mode, tools.first_only)
-    shape = MessageShape(lm.name, ask.omit)
+    shape = MessageShape(lm.name, ask.omit, tools=tools.use.functions, edits=applied)
+    headers = _ignored_header(tools.ignored)
     if body.stream:
-        return EventStream(_stream(svc, gen, shape, answer, body.max_tokens))
+        return EventStream(_stream(svc, gen, shape, answer, body.max_tokens), headers=headers)
     (choice,) = await svc.collect(gen)
     shape.add(answer.push(choice.text) + answer.end())
     shape.close()
     req = gen.reqs[0]
-    return shape.message(_stop(req, choice.finish_reason, shape, body.max_tokens), _usage(gen))
+    return JSONResponse(shape.message(_stop(req, choice.finish_reason, shape, body.max_tokens),
+                                      _usage(gen)), headers=headers)
 
 
 @router.post("/messages/count_tokens")
 async def count_tokens(body: CountTokensRequest, http: HTTPRequest) -> dict:
-    """The prompt /v1/messages would compute for the same system, messages, tools and
-    thinking, tokenized: its exact length."""
+    """The prompt /v1/messages would compute for the same system, messages, tools, thinking
+    and context editing, tokenized: its exact length."""
     check_fields(body)
+    edits = parse_edits(body.context_management)
     svc: Service = http.app.state.service
     lm = await svc.get(body.model, http, body.keep_alive)
-    messages, prefill = to_chat(body)
     tools = tools_of(body)
     ask = thinking_of(body, lm.name, _thinks(lm))
+    original = body
+    body, applied = await _edit_context(svc, lm, body, edits, tools, ask.off, http)
+    messages, prefill = to_chat(body)
     prompt = await svc.chat_prompt(lm, messages, None, http, not prefill, prefill, tools.use,
                                    no_thinking=ask.off)
-    return {"input_tokens": len(prompt)}
+    if edits is None:
+        return {"input_tokens": len(prompt)}
+    before = len(prompt)
+    if applied:
+        before = await _count(svc, lm, original, tools, ask.off, http)
+    return {"input_tokens": len(prompt),
+            "context_management": {"original_input_tokens": before}}
+
+
+def session_key(body: MessagesFields, http: HTTPRequest) -> str | None:
+    """The session a request belongs to, which keeps it on the replica holding its cache:
+    Claude Code's `X-Claude-Code-Session-Id` header, else the session named in
+    `metadata.user_id` (`…_session_<id>`, or a JSON object with `session_id`), else the user."""
+    header = http.headers.get("x-claude-code-session-id")
+    if header:
+        return header
+    user = (getattr(body, "metadata", None) or {}).get("user_id")
+    if not isinstance(user, str) or not user:
+        return None
+    try:
+        parsed = json.loads(user)
+    except ValueError:
+        parsed = None
+    if isinstance(parsed, dict) and isinstance(parsed.get("session_id"), str):
+        return parsed["session_id"]
+    _, found, session = user.rpartition("_session_")
+    return session if found and session else user
+
+
+async def _edit_context(svc: Service, lm: LoadedModel, body: MessagesFields,
+                        edits: ContextEdits | None, tools: Tools, no_thinking: bool,
+                        http: HTTPRequest) -> tuple[MessagesFields, list[dict] | None]:
+    """The body with its context edits applied (on the prompt pool: measuring the prompt
+    renders and tokenizes it), and the applied edits to report (None: none were asked)."""
+    if edits is None:
+        return body, None
+    if lm.template is None:   # the chat prompt's own 400
+        await svc.chat_prompt(lm, [], None, http)
+
+    def count(messages: list[dict]) -> int:
+        chat, prefill = to_chat(body.model_copy(update={"messages": messages}))
+        return svc.count_chat_tokens(lm, chat, tools.use, prefill, no_thinking)
+
+    edited, applied = await svc.prepare(lm, len(json.dumps(body.messages)), http,
+                                        lambda: apply_edits(edits, body.messages, count))
+    return body.model_copy(update={"messages": edited}), applied
+
+
+async def _count(svc: Service, lm: LoadedModel, body: MessagesFields, tools: Tools,
+                 no_thinking: bool, http: HTTPRequest) -> int:
+    messages, prefill = to_chat(body)
+    prompt = await svc.chat_prompt(lm, messages, None, http, not prefill, prefill, tools.use,
+                                   no_thinking=no_thinking)
+    return len(prompt)
+
+
+def _ignored_header(ignored: list[str]) -> dict[str, str]:
+    """Server tools this server does not run, left out of the prompt: named for the client."""
+    return {IGNORED_TOOLS_HEADER: ",".join(ignored)} if ignored else {}
 
 
 def _usage(gen: Generation) -> dict:
