@@ -1,6 +1,8 @@
 """POST /v1/responses: OpenAI's Responses API (server/openai/responses.py shapes it). Generation
-is the same service path as chat completions; streamed, the text goes out as it comes, except
-what may start a call (tools), and each call goes out as its item once it is complete."""
+is the same service path as chat completions, `prompt_cache_key` keeping a session on the
+replica that holds its cache; streamed, the text goes out as it comes, except what may start a
+call (tools), and each call goes out as its item once it is complete. Hosted tools left out of
+the prompt are named in the `x-pagedllama-ignored-tools` header and the request log."""
 from __future__ import annotations
 
 import json
@@ -8,6 +10,7 @@ from collections.abc import AsyncIterator
 
 from fastapi import APIRouter
 from fastapi import Request as HTTPRequest
+from fastapi.responses import JSONResponse
 
 from engine import Worker
 from server.chat.answer import constrain_after_thinking, thinking_mode
@@ -21,7 +24,7 @@ from server.openai.responses import (
     reject_unsupported,
     to_messages,
 )
-from server.service.service import Service, error_status
+from server.service.service import IGNORED_TOOLS_HEADER, Service, error_status
 
 router = APIRouter(prefix="/v1", responses=ERROR_RESPONSES)
 
@@ -31,15 +34,20 @@ async def create_response(body: ResponsesRequest, http: HTTPRequest):
     reject_unsupported(body)
     svc: Service = http.app.state.service
     lm = await svc.get(body.model, http, body.keep_alive)
-    use, grammar = constraints(body, lm.model)
+    asked = constraints(body, lm.model)
+    http.state.ignored_tools = asked.ignored_tools   # for the request log
+    use = asked.use
     max_tokens = body.max_output_tokens or body.max_tokens
-    prompt = await svc.chat_prompt(lm, to_messages(body), max_tokens, http, use=use)
+    prompt = await svc.chat_prompt(lm, to_messages(body, use), max_tokens, http, use=use)
     thinking = thinking_mode(lm.template.thinks, prompt.opens_thinking)
-    grammar = constrain_after_thinking(grammar, thinking)
-    worker, req = svc.submit(lm, prompt, body, max_tokens, grammar)
+    grammar = constrain_after_thinking(asked.grammar, thinking)
+    worker, req = svc.submit(lm, prompt, body, max_tokens, grammar,
+                             affinity=body.prompt_cache_key)
+    headers = ({IGNORED_TOOLS_HEADER: ",".join(asked.ignored_tools)}
+               if asked.ignored_tools else {})
     state = ResponseState(body, lm.name, req, use, thinking=thinking)
     if body.stream:
-        return EventStream(_stream(svc, worker, state, http))
+        return EventStream(_stream(svc, worker, state, http), headers=headers)
     async for event in svc.events(worker, req, http, poll_disconnect=True):
         if event.error:   # 500 engine_error, or 503 when a drain ended it
             status, code = error_status(event)
@@ -49,7 +57,7 @@ async def create_response(body: ResponsesRequest, http: HTTPRequest):
     if state.finish is None:   # the client went away
         raise APIError(499, "client disconnected", "client_disconnected")
     state.finish_output()
-    return state.response()
+    return JSONResponse(state.response(), headers=headers)
 
 
 async def _stream(svc: Service, worker: Worker, s: ResponseState,

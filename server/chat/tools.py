@@ -9,8 +9,9 @@ in OpenAI's shape, and the history as it is (assistant `tool_calls` with their a
 `tool` messages). The fallback describes the tools in the system message, renders an
 assistant's `tool_calls` in the tagged format and a `tool` message as a user turn wrapped in
 `<tool_response>`. `tool_choice` "required" or a named function constrains the whole answer
-with a grammar built from the functions' parameter schemas, so the arguments always parse and
-validate; "auto" leaves the model free and parses what it wrote; "none" does not show the tools.
+with a grammar built from the functions' parameter schemas (of a schema with keywords the
+grammar cannot enforce, what it can: `Function.enforced`), so the arguments always parse;
+"auto" leaves the model free and parses what it wrote; "none" does not show the tools.
 """
 from __future__ import annotations
 
@@ -30,6 +31,10 @@ class Function:
     name: str
     description: str = ""
     parameters: dict = field(default_factory=lambda: {"type": "object", "properties": {}})
+    # what of `parameters` a grammar can hold, when not all of it (a tool that is not strict,
+    # whose schema has keywords llguidance cannot enforce): a forced call is held to it (the
+    # model sees the whole `parameters`, which /v1/responses checks a written call against)
+    enforced: dict | None = None
 
 
 @dataclass
@@ -68,7 +73,8 @@ def calls_grammar(functions: list[Function], parallel: bool) -> str:
     """Grammar: one tagged call (or several, when parallel) to one of these functions, the
     arguments held to the function's parameters schema."""
     schema = {"anyOf": [{"type": "object", "properties": {
-        "name": {"const": f.name}, "arguments": f.parameters},
+        "name": {"const": f.name},
+        "arguments": f.parameters if f.enforced is None else f.enforced},
         "required": ["name", "arguments"], "additionalProperties": False} for f in functions]}
     call = f'"{OPEN}" "\\n"? call "\\n"? "{CLOSE}"'   # Hermes-style templates put newlines there
     lark = (f'start: {call}' + (f' ("\\n" {call})*' if parallel else "")

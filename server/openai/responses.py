@@ -1,23 +1,34 @@
 """OpenAI's Responses API, stateless: its request body, the checks of what it asks for, its
 `input` items as chat messages, and its answer as output items and typed stream events.
 
-`input` (a string, or a list of items: messages, `function_call`s and `function_call_output`s)
-and `instructions` become chat messages (developer messages become system ones; calls and their
-outputs become assistant `tool_calls` and `tool` messages). `text.format` (`json_object`,
-`json_schema`) constrains the output with the grammar chat's `response_format` uses; function
-`tools` and `tool_choice` work as in chat, in the Responses shapes, and each call comes back as
-a `function_call` output item. Nothing is stored: `store: true`, `previous_response_id`,
-`background` and tools other than functions are 400s.
+`input` (a string, or a list of items: messages, `function_call`s, `custom_tool_call`s, their
+outputs, and `reasoning` items) and `instructions` become chat messages (developer messages
+become system ones; calls and their outputs become assistant `tool_calls` and `tool` messages; a
+reasoning item, the reasoning of the assistant turn it starts). `text.format` (`json_object`,
+`json_schema`) constrains the output with the grammar chat's `response_format` uses; `tools` and
+`tool_choice` work as in chat, in the Responses shapes (server/openai/tools.py: functions,
+namespaces, custom tools; hosted tools are left out of the prompt and named), and each call
+comes back as a `function_call` item (with its `namespace`) or a `custom_tool_call` item. A call
+whose arguments break its tool's schema stays text, as one whose JSON does not parse does.
+
+Accepted as hints or labels: `client_metadata`, `prompt_cache_key` (it also keeps a session on
+the replica holding its cache), `reasoning` (effort and summary: a model that does not think
+has none, a thinking model thinks as its template says), `text.verbosity`. `include:
+["reasoning.encrypted_content"]` is honoured: a reasoning item then carries its text sealed
+under the server's key (server/openai/sealing.py), which a later request's reasoning item
+hands back to be opened. Nothing is stored: `store: true`, `previous_response_id`, `background`,
+and `include` values asking for output not produced here are 400s.
 
 Streamed, the typed events follow OpenAI's order: response.created, response.in_progress, then
 per output item response.output_item.added, (a message) response.content_part.added,
 response.output_text.delta…, response.output_text.done, response.content_part.done, (a call)
-response.function_call_arguments.delta, response.function_call_arguments.done, and
-response.output_item.done; then response.completed (or response.incomplete when
+response.function_call_arguments.delta / .done or response.custom_tool_call_input.delta /
+.done, and response.output_item.done; then response.completed (or response.incomplete when
 max_output_tokens ended it).
 """
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from collections.abc import Iterator
@@ -28,20 +39,21 @@ from pydantic import ConfigDict, Field
 
 from engine import Request
 from scheduler import FinishReason
-from server.chat.answer import AnswerStream, Reasoning, Thinking, split_answer
-from server.chat.tools import ToolCall, ToolUse
+from server.chat.answer import Answer, AnswerStream, Piece, Reasoning, Thinking
+from server.chat.tools import CLOSE, OPEN, ToolCall, ToolUse
 from server.http.errors import APIError
 from server.http.sse import json_data, message
+from server.openai import sealing
 from server.openai.fields import check_keys, check_stream_options
 from server.openai.schemas import INT32_MAX, Bool, Int, SamplingFields
-from server.openai.structured import text_format_grammar
-from server.openai.tools import parse_tools
+from server.openai.structured import text_format_grammar, validate_arguments
+from server.openai.tools import ClientTool, model_name, responses_tools, tool_named
 
 _TEXT_PARTS = {"input_text", "output_text", "text"}
 _CHAT_ONLY = ("response_format", "json_schema", "grammar")
 # Accepted and ignored: they label or route a request.
-_HARMLESS = frozenset({"user", "service_tier", "safety_identifier", "prompt_cache_key",
-                       "prompt_cache_retention"})
+_HARMLESS = frozenset({"user", "service_tier", "safety_identifier", "prompt_cache_retention",
+                       "client_metadata"})
 _FORMAT_FIELDS = ("type", "name", "schema", "description", "strict")
 _CHECKED = frozenset({"include", "reasoning", "truncation"})   # _check_extras
 
@@ -61,11 +73,17 @@ class ResponsesRequest(SamplingFields):
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: Bool | None = None
     metadata: dict[str, Any] | None = None
+    prompt_cache_key: str | None = None      # a session's key: the replica holding its cache
 
     @property
     def format(self) -> Any:
         """`text.format` as sent (None when absent)."""
         return (self.text or {}).get("format")
+
+    @property
+    def seals_reasoning(self) -> bool:
+        """Whether reasoning items carry their text sealed (`encrypted_content`)."""
+        return SEALED_REASONING in ((self.model_extra or {}).get("include") or [])
 
 
 def _unsupported(param: str, why: str) -> APIError:
@@ -96,40 +114,64 @@ def reject_unsupported(body: ResponsesRequest) -> None:
                            "a response's usage comes once, in response.completed")
 
 
+SEALED_REASONING = "reasoning.encrypted_content"
+_INCLUDABLE = frozenset({SEALED_REASONING})
+_VERBOSITY = (None, "low", "medium", "high")
+
+
 def _check_extras(extra: dict, text: dict) -> None:
-    """The Responses fields that only ask for nothing at their defaults: `include` (extra
-    output: logprobs, sources, ...), `reasoning` (an effort or a summary), `text.verbosity`
-    (chat's `reasoning_effort` and `verbosity` are refused as well), and `truncation`: "auto"
-    would drop the start of an input too long for the context, which is refused anyway
-    (context_length_exceeded), so both values behave alike on everything we accept."""
-    if extra.get("include"):
-        raise _unsupported("include", f"no extra output ({extra['include']!r}) is produced here")
+    """The Responses fields that ask for extra output or give hints: `include` (only
+    "reasoning.encrypted_content" is produced here; logprobs, sources, ... are refused),
+    `reasoning` (an effort or a summary: hints, accepted), `text.verbosity` (a hint), and
+    `truncation`: "auto" would drop the start of an input too long for the context, which is
+    refused anyway (context_length_exceeded), so both values behave alike on everything we
+    accept."""
+    include = extra.get("include")
+    if include is not None:
+        if not isinstance(include, list) or not all(isinstance(v, str) for v in include):
+            raise APIError(400, "include must be a list of strings", "invalid_value", "include")
+        unknown = [v for v in include if v not in _INCLUDABLE]
+        if unknown:
+            raise _unsupported("include", f"no such extra output ({unknown[0]!r}) is produced "
+                               f"here; only {SEALED_REASONING!r} is")
     reasoning = extra.get("reasoning")
     if reasoning is not None:
         if not isinstance(reasoning, dict):
             raise APIError(400, "reasoning must be an object", "invalid_value", "reasoning")
         check_keys(reasoning, frozenset({"effort", "summary", "generate_summary"}), "reasoning")
-        if any(v is not None for v in reasoning.values()):
-            raise _unsupported("reasoning", "the models served here have no reasoning effort "
-                               "or summary to set")
+        for key, value in reasoning.items():
+            if value is not None and not isinstance(value, str):
+                raise APIError(400, f"reasoning.{key} must be a string", "invalid_value",
+                               f"reasoning.{key}")
     if extra.get("truncation") not in (None, "auto", "disabled"):
         raise APIError(400, "truncation must be 'auto' or 'disabled'", "invalid_value",
                        "truncation")
     check_keys(text, frozenset({"format", "verbosity"}), "text")
-    if text.get("verbosity") not in (None, "medium"):
-        raise _unsupported("text.verbosity", "the output's length is set by max_output_tokens")
+    if text.get("verbosity") not in _VERBOSITY:
+        raise APIError(400, "text.verbosity must be 'low', 'medium' or 'high'", "invalid_value",
+                       "text.verbosity")
 
 
-def constraints(body: ResponsesRequest, model) -> tuple[ToolUse, str | None]:
+@dataclass
+class Constraints:
+    """What a request asks of its answer: its tools, the grammar its text.format or tool_choice
+    implies, and the types of the hosted tools left out (the response header
+    x-pagedllama-ignored-tools and the request log name them)."""
+    use: ToolUse
+    grammar: str | None
+    ignored_tools: list[str] = field(default_factory=list)
+
+
+def constraints(body: ResponsesRequest, model) -> Constraints:
     """The request's tools, and the grammar its text.format or tool_choice implies (400s naming
     what is wrong, as chat's response_format and tools)."""
-    use = parse_tools(body.tools, body.tool_choice, body.parallel_tool_calls, responses=True)
+    tools = responses_tools(body.tools, body.tool_choice, body.parallel_tool_calls)
     fmt_grammar = text_format_grammar(body.format, model)
-    tool_grammar = use.grammar()
+    tool_grammar = tools.use.grammar()
     if fmt_grammar and tool_grammar:
         raise APIError(400, "a tool_choice that forces a call cannot be combined with a "
                        "text.format other than text", "invalid_value", "tool_choice")
-    return use, fmt_grammar or tool_grammar
+    return Constraints(tools.use, fmt_grammar or tool_grammar, tools.ignored)
 
 
 # ---- input ---------------------------------------------------------------------------------------
@@ -151,7 +193,7 @@ def _text(content: Any, where: str, parts: set[str]) -> str:
 
 def _string(item: dict, key: str, where: str, what: str = "a non-empty string") -> str:
     value = item.get(key)
-    if not isinstance(value, str) or (not value and key != "arguments"):
+    if not isinstance(value, str) or (not value and key not in ("arguments", "input")):
         raise APIError(400, f"{where}.{key} must be {what}", "invalid_value", f"{where}.{key}")
     return value
 
@@ -165,13 +207,21 @@ def _message(item: dict, i: int) -> dict:
             "content": _text(item.get("content"), f"input[{i}].content", _TEXT_PARTS)}
 
 
-def _add_call(messages: list[dict], item: dict, i: int) -> None:
-    """A function_call item as chat's assistant `tool_calls`: calls in a row, and the assistant
-    text just before them, are one assistant turn."""
+def _add_call(messages: list[dict], item: dict, i: int, use: ToolUse | None) -> None:
+    """A function_call (or custom_tool_call) item as chat's assistant `tool_calls`, under the
+    name the model knows its tool by: calls in a row, and the assistant text just before them,
+    are one assistant turn. A custom tool's input is its function's one argument."""
     where = f"input[{i}]"
+    name = _string(item, "name", where)
+    if item.get("type") == "custom_tool_call":
+        arguments = json.dumps({"input": _string(item, "input", where, "a string")},
+                               ensure_ascii=False)
+    else:
+        arguments = _string(item, "arguments", where, "a string (JSON)")
+    if use is not None:
+        name = model_name(use, name, item.get("namespace"))
     call = {"id": _string(item, "call_id", where), "type": "function",
-            "function": {"name": _string(item, "name", where),
-                         "arguments": _string(item, "arguments", where, "a string (JSON)")}}
+            "function": {"name": name, "arguments": arguments}}
     last = messages[-1] if messages else None
     if last is None or last["role"] != "assistant":
         last = {"role": "assistant", "content": ""}
@@ -180,14 +230,26 @@ def _add_call(messages: list[dict], item: dict, i: int) -> None:
 
 
 def _call_output(item: dict, i: int) -> dict:
-    """A function_call_output item as chat's `tool` message."""
+    """A function_call_output (or custom_tool_call_output) item as chat's `tool` message."""
     where = f"input[{i}]"
     return {"role": "tool", "tool_call_id": _string(item, "call_id", where),
             "content": _text(item.get("output"), f"{where}.output", {"input_text", "text"})}
 
 
 def _reasoning(item: dict, i: int) -> str:
-    """A reasoning item's text (its reasoning_text parts, else its summary)."""
+    """A reasoning item's text: its `encrypted_content` opened (what this server sealed), else
+    its reasoning_text parts, else its summary."""
+    sealed = item.get("encrypted_content")
+    if sealed is not None:
+        where = f"input[{i}].encrypted_content"
+        if not isinstance(sealed, str):
+            raise APIError(400, f"{where} must be a string", "invalid_value", where)
+        try:
+            return sealing.unseal(sealed)
+        except sealing.SealError as exc:
+            raise APIError(400, f"{where} does not open: it was not sealed by this server "
+                           "(or under another key), or it was altered", "invalid_value",
+                           where) from exc
     parts = item.get("content") or item.get("summary") or []
     if not isinstance(parts, list) or not all(
             isinstance(p, dict) and isinstance(p.get("text"), str) for p in parts):
@@ -196,11 +258,11 @@ def _reasoning(item: dict, i: int) -> str:
     return "\n\n".join(p["text"] for p in parts)
 
 
-def to_messages(body: ResponsesRequest) -> list[dict]:
+def to_messages(body: ResponsesRequest, use: ToolUse | None = None) -> list[dict]:
     """Chat messages from `instructions` and `input` (developer messages become system ones;
-    function calls and their outputs become assistant `tool_calls` and `tool` messages; a
-    reasoning item, the `reasoning_content` of the assistant turn it starts, which thinking
-    templates read)."""
+    function and custom tool calls and their outputs become assistant `tool_calls` and `tool`
+    messages, a call under the name the model knows its tool by in `use`; a reasoning item, the
+    `reasoning_content` of the assistant turn it starts, which thinking templates read)."""
     messages = [{"role": "system", "content": body.instructions}] if body.instructions else []
     if isinstance(body.input, str):
         return messages + [{"role": "user", "content": body.input}]
@@ -217,9 +279,9 @@ def to_messages(body: ResponsesRequest) -> list[dict]:
         elif kind == "reasoning":
             messages.append({"role": "assistant", "content": "",
                              "reasoning_content": _reasoning(item, i)})
-        elif kind == "function_call":
-            _add_call(messages, item, i)
-        elif kind == "function_call_output":
+        elif kind in ("function_call", "custom_tool_call"):
+            _add_call(messages, item, i, use)
+        elif kind in ("function_call_output", "custom_tool_call_output"):
             messages.append(_call_output(item, i))
         else:
             raise APIError(400, f"input items of type '{kind}' are not supported",
@@ -242,19 +304,40 @@ def text_part(text: str) -> dict:
     return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
 
 
-def call_item(call: ToolCall, done: bool = True) -> dict:
-    """A function_call item; its id ("fc_…") is derived from the call's id ("call_…")."""
-    return {"type": "function_call", "id": "fc_" + call.id.removeprefix("call_"),
-            "call_id": call.id, "name": call.name, "arguments": call.arguments if done else "",
-            "status": "completed" if done else "in_progress"}
+def call_item(call: ToolCall, done: bool = True, tool: ClientTool | None = None) -> dict:
+    """A call's item, its id derived from the call's id ("call_…"): a function_call ("fc_…"),
+    or for a custom tool a custom_tool_call ("ctc_…") carrying its input; named as the client
+    knows the tool, with its namespace when it has one."""
+    suffix = call.id.removeprefix("call_")
+    status = "completed" if done else "in_progress"
+    name = tool.own_name if tool is not None else call.name
+    if tool is not None and tool.custom:
+        item = {"type": "custom_tool_call", "id": "ctc_" + suffix, "call_id": call.id,
+                "name": name, "input": custom_input(call) if done else "", "status": status}
+    else:
+        item = {"type": "function_call", "id": "fc_" + suffix, "call_id": call.id,
+                "name": name, "arguments": call.arguments if done else "", "status": status}
+    if tool is not None and tool.namespace is not None:
+        item["namespace"] = tool.namespace
+    return item
 
 
-def reasoning_item(item_id: str, text: str | None) -> dict:
-    """A reasoning item (a thinking model's reasoning), in progress while `text` is None."""
+def custom_input(call: ToolCall) -> str:
+    """A custom tool call's input: its one argument (checked_pieces let through only calls
+    whose arguments hold it)."""
+    return json.loads(call.arguments)["input"]
+
+
+def reasoning_item(item_id: str, text: str | None, sealed: bool = False) -> dict:
+    """A reasoning item (a thinking model's reasoning), in progress while `text` is None; once
+    done, with `sealed` its text sealed as `encrypted_content` too."""
     done = text is not None
-    return {"type": "reasoning", "id": item_id, "summary": [],
+    item = {"type": "reasoning", "id": item_id, "summary": [],
             "content": [reasoning_part(text)] if done else [],
             "status": "completed" if done else "in_progress"}
+    if sealed:
+        item["encrypted_content"] = sealing.seal(text) if done else None
+    return item
 
 
 def reasoning_part(text: str) -> dict:
@@ -265,16 +348,36 @@ def new_id(prefix: str) -> str:
     return prefix + uuid.uuid4().hex
 
 
-def output_items(text: str, use: ToolUse, message_id: str,
-                 thinking: Thinking | None = None) -> list[dict]:
-    """The output items of a finished answer: its reasoning (a thinking model's), its text as a
-    message (unless it is only calls), then one function_call item per call (calls are parsed
-    only when tools are active)."""
-    answer = split_answer(text, use.active, thinking)
-    items = [reasoning_item(new_id("rs_"), answer.reasoning)] if answer.reasoning else []
+def checked_pieces(pieces: list[Piece], use: ToolUse) -> list[Piece]:
+    """The pieces with each call whose arguments break its tool's schema (a call not held to it
+    by a grammar, or held only to what of it a grammar can enforce) turned back into the text
+    the model wrote, as a call whose JSON does not parse stays text."""
+    out: list[Piece] = []
+    for piece in pieces:
+        if isinstance(piece, ToolCall) and _breaks_schema(piece, use):
+            piece = f'{OPEN}{{"name": {json.dumps(piece.name)}, "arguments": ' \
+                    f'{piece.arguments}}}{CLOSE}'
+        out.append(piece)
+    return out
+
+
+def _breaks_schema(call: ToolCall, use: ToolUse) -> bool:
+    fn = next((f for f in use.functions if f.name == call.name), None)
+    return fn is not None and validate_arguments(fn.parameters, call.arguments) is not None
+
+
+def output_items(text: str, use: ToolUse, message_id: str, thinking: Thinking | None = None,
+                 sealed: bool = False) -> list[dict]:
+    """The output items of a finished answer: its reasoning (a thinking model's; `sealed`:
+    with its encrypted_content), its text as a message (unless it is only calls), then one item
+    per call (calls are parsed only when tools are active; without parallel calls, the first
+    only)."""
+    stream, answer = AnswerStream(use.active, thinking, not use.parallel), Answer()
+    answer.add(checked_pieces(stream.push(text) + stream.end(), use))
+    items = [reasoning_item(new_id("rs_"), answer.reasoning, sealed)] if answer.reasoning else []
     if answer.text or not answer.calls:
         items.append(message_item(message_id, answer.text))
-    return items + [call_item(c) for c in answer.calls]
+    return items + [call_item(c, tool=tool_named(use, c.name)) for c in answer.calls]
 
 
 def echo_format(fmt: Any) -> dict:
@@ -286,7 +389,10 @@ def echo_format(fmt: Any) -> dict:
 def echo_tool_choice(use: ToolUse) -> str | dict:
     if use.choice in ("none", "auto", "required"):
         return use.choice
-    return {"type": "function", "name": use.choice}
+    tool = tool_named(use, use.choice)
+    if tool is None:
+        return {"type": "function", "name": use.choice}
+    return {"type": "custom" if tool.custom else "function", "name": tool.own_name}
 
 
 @dataclass
@@ -310,7 +416,8 @@ class ResponseState:
     answer: AnswerStream | None = None
 
     def finish_output(self) -> list[dict]:
-        self.output = output_items(self.text, self.use, self.item_id, self.thinking)
+        self.output = output_items(self.text, self.use, self.item_id, self.thinking,
+                                   self.body.seals_reasoning)
         return self.output
 
     # ---- a streamed answer, item by item as its pieces come --------------------------------
@@ -319,7 +426,7 @@ class ResponseState:
         output_text deltas at once, except what may start a call; a call as its item once it
         is complete; reasoning as reasoning_text deltas)."""
         if self.answer is None:
-            self.answer = AnswerStream(self.use.active, self.thinking)
+            self.answer = AnswerStream(self.use.active, self.thinking, not self.use.parallel)
         self.text += text
         yield from self._pieces(self.answer.push(text))
 
@@ -335,10 +442,10 @@ class ResponseState:
         self.output = [self._final(item) for item in self.items]
 
     def _pieces(self, pieces: list) -> Iterator[bytes]:
-        for piece in pieces:
+        for piece in checked_pieces(pieces, self.use):
             if isinstance(piece, ToolCall):
                 yield from self._close()
-                item = call_item(piece)
+                item = call_item(piece, tool=tool_named(self.use, piece.name))
                 self.items.append(item)
                 yield from self.call_events(len(self.items) - 1, item)
             elif isinstance(piece, Reasoning):
@@ -369,7 +476,7 @@ class ResponseState:
         self.open = {"type": "reasoning", "id": new_id("rs_"), "text": ""}
         self.items.append(self.open)
         yield self.event("response.output_item.added", output_index=len(self.items) - 1,
-                         item=reasoning_item(self.open["id"], None))
+                         item=reasoning_item(self.open["id"], None, self.body.seals_reasoning))
         yield self.event("response.content_part.added", **self._at(), part=reasoning_part(""))
 
     def _close(self) -> Iterator[bytes]:
@@ -387,12 +494,14 @@ class ResponseState:
         yield self.event("response.output_item.done", output_index=index,
                          item=self._final(open_))
 
-    @staticmethod
-    def _final(item: dict) -> dict:
+    def _final(self, item: dict) -> dict:
         if item["type"] == "message":
             return message_item(item["id"], item["text"])
         if item["type"] == "reasoning":
-            return reasoning_item(item["id"], item["text"])
+            if "sealed" not in item:   # sealed once: the done event and the output agree
+                item["sealed"] = reasoning_item(item["id"], item["text"],
+                                                self.body.seals_reasoning)
+            return item["sealed"]
         return item
 
     def _at(self) -> dict:
@@ -421,13 +530,19 @@ class ResponseState:
                 "instructions": b.instructions, "max_output_tokens": b.max_output_tokens,
                 "model": self.model, "output": self.output or [],
                 "parallel_tool_calls": self.use.parallel, "previous_response_id": None,
-                "reasoning": {"effort": None, "summary": None}, "store": False,
+                "reasoning": self._reasoning_asked(), "store": False,
                 "temperature": b.temperature, "top_p": b.top_p,
-                "text": {"format": echo_format(b.format)},
+                "text": {"format": echo_format(b.format),
+                         "verbosity": (b.text or {}).get("verbosity") or "medium"},
                 "tool_choice": echo_tool_choice(self.use), "tools": b.tools or [],
                 "truncation": (b.model_extra or {}).get("truncation") or "disabled",
                 "usage": self.usage() if done else None,
                 "user": None, "metadata": b.metadata or {}}
+
+    def _reasoning_asked(self) -> dict:
+        asked = (self.body.model_extra or {}).get("reasoning") or {}
+        return {"effort": asked.get("effort"),
+                "summary": asked.get("summary") or asked.get("generate_summary")}
 
     def event(self, kind: str, **payload) -> bytes:
         data = {"type": kind, "sequence_number": self.seq, **payload}
@@ -451,18 +566,21 @@ class ResponseState:
         yield self.event("response.output_item.done", output_index=index, item=item)
 
     def call_events(self, index: int, item: dict) -> Iterator[bytes]:
+        """A complete call's events: its item added (empty), its arguments (a custom tool's
+        input) as one delta, then done."""
         where = {"item_id": item["id"], "output_index": index}
+        key, kind = (("input", "response.custom_tool_call_input")
+                     if item["type"] == "custom_tool_call"
+                     else ("arguments", "response.function_call_arguments"))
         yield self.event("response.output_item.added", output_index=index,
-                         item={**item, "arguments": "", "status": "in_progress"})
-        yield self.event("response.function_call_arguments.delta", **where,
-                         delta=item["arguments"])
-        yield self.event("response.function_call_arguments.done", **where,
-                         arguments=item["arguments"])
+                         item={**item, key: "", "status": "in_progress"})
+        yield self.event(kind + ".delta", **where, delta=item[key])
+        yield self.event(kind + ".done", **where, **{key: item[key]})
         yield self.event("response.output_item.done", output_index=index, item=item)
 
     def item_events(self, index: int, item: dict) -> Iterator[bytes]:
         """A finished item's whole life as events (what a held-back answer sends at its end)."""
-        if item["type"] == "function_call":
+        if item["type"] in ("function_call", "custom_tool_call"):
             yield from self.call_events(index, item)
             return
         yield from self.message_opened(index)

@@ -6,15 +6,21 @@ llama-server's top-level `json_schema` and `grammar` (GBNF); on /v1/responses, `
 (`text_format_grammar`: the same formats, the schema's fields directly in `format`). JSON schemas
 are checked with `jsonschema` (a schema that is not a valid schema is a 400) and compiled by
 llguidance, which refuses keywords it cannot enforce (`uniqueItems`, `not`, `if`, `contains`,
-...) instead of dropping them; the grammar is then validated against the model's vocabulary
-here, so a request that reaches the engine always has a grammar the engine accepts
-(engine/grammar.py).
+`propertyNames`, ...) instead of dropping them: such a schema is a 400, except a tool's that is
+not strict (`compile_schema(..., strict=False)`, `enforceable_schema`), whose grammar holds
+what it can of the schema (those keywords dropped) while the calls the model writes are checked
+against the whole schema afterwards (`validate_arguments`). The grammar is then validated
+against the model's vocabulary here, so a request that reaches the engine always has a grammar
+the engine accepts (engine/grammar.py).
 """
 from __future__ import annotations
 
+import json
+import re
 from typing import Any
 
 import jsonschema
+import referencing.exceptions
 
 from engine.grammar import GrammarError, check, from_gbnf, from_json_schema, tokenizer_for
 from server.http.errors import APIError
@@ -81,8 +87,49 @@ def _checked(model, grammar: str, param: str) -> str:
     return grammar
 
 
-def compile_schema(schema: Any, param: str) -> str:
-    """The grammar of this JSON schema, or a 400 naming `param` and what is wrong."""
+def compile_schema(schema: Any, param: str, strict: bool = True) -> str:
+    """The grammar of this JSON schema, or a 400 naming `param` and what is wrong. Not
+    `strict`: the keywords llguidance cannot enforce are dropped (recursively) and the grammar
+    holds the rest."""
+    return _compiled(schema, param, strict)[1]
+
+
+def enforceable_schema(schema: Any, param: str, strict: bool = True) -> dict:
+    """What of this schema a grammar can hold: the schema itself, or (not `strict`) a copy
+    without the keywords llguidance cannot enforce. 400s as compile_schema."""
+    return _compiled(schema, param, strict)[0]
+
+
+def validate_arguments(schema: dict, arguments_json: str) -> str | None:
+    """None when these arguments (JSON text) are valid under the schema, else the first
+    violation's message (where it is, what is wrong)."""
+    try:
+        value = json.loads(arguments_json)
+    except (TypeError, ValueError):
+        return "the arguments are not JSON"
+    try:
+        validator = jsonschema.validators.validator_for(schema)(schema)
+        error = jsonschema.exceptions.best_match(validator.iter_errors(value))
+    except (jsonschema.SchemaError, referencing.exceptions.Unresolvable):
+        return None   # a schema the check cannot run: compile_schema has accepted it
+    if error is None:
+        return None
+    where = "/".join(str(p) for p in error.absolute_path)
+    return f"{where}: {error.message}" if where else error.message
+
+
+_UNIMPLEMENTED = re.compile(r"Unimplemented keys: (\[[^\]]*\])")
+_UNKNOWN_FORMAT = re.compile(r"Unknown format: (\S+)")
+# where a schema holds subschemas: maps of them, lists of them, and single ones
+_SUBSCHEMA_MAPS = frozenset({"properties", "patternProperties", "$defs", "definitions",
+                             "dependentSchemas"})
+_SUBSCHEMA_LISTS = frozenset({"anyOf", "oneOf", "allOf", "prefixItems", "items"})
+_SUBSCHEMAS = frozenset({"items", "additionalProperties", "additionalItems", "not", "if",
+                         "then", "else", "contains", "propertyNames", "unevaluatedProperties",
+                         "unevaluatedItems"})
+
+
+def _compiled(schema: Any, param: str, strict: bool) -> tuple[dict, str]:
     if not isinstance(schema, dict):
         raise bad(param, f"{param} must be a JSON object (a JSON schema)")
     try:
@@ -91,12 +138,48 @@ def compile_schema(schema: Any, param: str) -> str:
         where = "/".join(str(p) for p in exc.path)
         raise bad(param, f"invalid JSON schema{' at ' + where if where else ''}: "
                          f"{exc.message}") from exc
-    try:
-        grammar = from_json_schema(schema)
-        check(grammar)
-    except GrammarError as exc:
-        raise bad(param, f"the JSON schema cannot be enforced: {exc}") from exc
-    return grammar
+    current = schema
+    while True:
+        try:
+            grammar = from_json_schema(current)
+            check(grammar)
+            return current, grammar
+        except GrammarError as exc:
+            keys, formats = _unenforceable(str(exc))
+            lenient = None if strict or not (keys or formats) else _drop(current, keys, formats)
+            if lenient is None or lenient == current:
+                raise bad(param, f"the JSON schema cannot be enforced: {exc}") from exc
+            current = lenient
+
+
+def _unenforceable(message: str) -> tuple[set[str], set[str]]:
+    """The keywords (and `format` values) llguidance's error names as ones it cannot enforce."""
+    keys: set[str] = set()
+    for found in _UNIMPLEMENTED.findall(message):
+        try:
+            keys |= {k for k in json.loads(found) if isinstance(k, str)}
+        except ValueError:
+            pass
+    return keys, set(_UNKNOWN_FORMAT.findall(message))
+
+
+def _drop(schema: Any, keys: set[str], formats: set[str]) -> Any:
+    """The schema without these keywords (nor `format`s of these values), wherever a subschema
+    can hold them; property names and other data stay."""
+    if not isinstance(schema, dict):
+        return schema
+    out = {}
+    for key, value in schema.items():
+        if key in keys or (key == "format" and value in formats):
+            continue
+        if key in _SUBSCHEMA_MAPS and isinstance(value, dict):
+            value = {name: _drop(s, keys, formats) for name, s in value.items()}
+        elif key in _SUBSCHEMA_LISTS and isinstance(value, list):
+            value = [_drop(s, keys, formats) for s in value]
+        elif key in _SUBSCHEMAS:
+            value = _drop(value, keys, formats)
+        out[key] = value
+    return out
 
 
 def _response_format(fmt: dict) -> str | None:

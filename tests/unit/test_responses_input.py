@@ -84,7 +84,7 @@ def test_stateful_or_unsupported_fields_are_a_400_unsupported_parameter(fields, 
 
 def test_store_false_and_a_text_format_are_accepted():
     reject_unsupported(body(store=False, text={"format": {"type": "text"}}))
-    assert constraints(body(text={"format": {"type": "text"}}), model=None)[1] is None
+    assert constraints(body(text={"format": {"type": "text"}}), model=None).grammar is None
 
 
 def test_an_unknown_field_is_refused_by_name_not_ignored():
@@ -98,11 +98,22 @@ def test_harmless_fields_are_accepted():
                             include=[], metadata={"k": "v"}))
 
 
+@pytest.mark.parametrize("fields", [
+    {"reasoning": {"effort": "high", "summary": "auto"}}, {"reasoning": {"generate_summary": "concise"}},
+    {"text": {"verbosity": "low"}}, {"text": {"verbosity": "high"}},
+    {"client_metadata": {"x-codex-installation-id": "abc"}}, {"prompt_cache_key": "thread-1"},
+    {"include": ["reasoning.encrypted_content"]},
+])
+def test_hints_and_labels_agents_send_are_accepted(fields):
+    reject_unsupported(body(**fields))
+
+
 @pytest.mark.parametrize("fields,param,code", [
     ({"include": ["message.output_text.logprobs"]}, "include", "unsupported_parameter"),
-    ({"reasoning": {"effort": "high"}}, "reasoning", "unsupported_parameter"),
+    ({"include": "reasoning.encrypted_content"}, "include", "invalid_value"),
+    ({"reasoning": {"effort": 3}}, "reasoning.effort", "invalid_value"),
     ({"reasoning": {"bogus": 1}}, "reasoning.bogus", "unsupported_parameter"),
-    ({"text": {"verbosity": "low"}}, "text.verbosity", "unsupported_parameter"),
+    ({"text": {"verbosity": "loud"}}, "text.verbosity", "invalid_value"),
     ({"text": {"bogus": 1}}, "text.bogus", "unsupported_parameter"),
     ({"truncation": "bogus"}, "truncation", "invalid_value"),
 ])
@@ -185,27 +196,27 @@ def test_a_history_renders_in_the_tagged_format_chat_uses():
 
 # ---- tools and tool_choice, Responses shape ------------------------------------------------------
 def test_flat_function_tools_are_parsed_with_their_parameters():
-    use, grammar = constraints(body(tools=[WEATHER], tool_choice="required"), model=None)
+    c = constraints(body(tools=[WEATHER], tool_choice="required"), model=None)
+    use, grammar = c.use, c.grammar
     assert [f.name for f in use.functions] == ["weather"] and use.choice == "required"
     assert accepts(grammar, '<tool_call>{"name": "weather", "arguments": {"city": "Oslo"}}</tool_call>')
 
 
 def test_a_named_tool_choice_in_the_responses_shape_forces_that_function():
-    use, _ = constraints(body(tools=[WEATHER], tool_choice={"type": "function", "name": "weather"},
-                              parallel_tool_calls=False), model=None)
+    use = constraints(body(tools=[WEATHER], tool_choice={"type": "function", "name": "weather"},
+                           parallel_tool_calls=False), model=None).use
     assert (use.choice, use.parallel) == ("weather", False)
 
 
 def test_tools_without_a_choice_are_auto_and_leave_the_output_free():
-    use, grammar = constraints(body(tools=[WEATHER]), model=None)
+    c = constraints(body(tools=[WEATHER]), model=None)
+    use, grammar = c.use, c.grammar
     assert use.active and use.choice == "auto" and grammar is None
 
 
 @pytest.mark.parametrize("fields,param,code", [
-    ({"tools": [{"type": "web_search"}]}, "tools[0].type", "unsupported_parameter"),
-    ({"tools": [WEATHER, {"type": "mcp", "server_label": "x"}]}, "tools[1].type",
-     "unsupported_parameter"),
     ({"tools": [{"type": "function", "parameters": {}}]}, "tools[0]", "invalid_value"),
+    ({"tools": [{"name": "f"}]}, "tools[0].type", "invalid_value"),
     ({"tools": [{**WEATHER, "parameters": {"type": 3}}]}, "tools[0].parameters", "invalid_schema"),
     ({"tools": [WEATHER], "tool_choice": {"type": "function", "name": "nope"}}, "tool_choice",
      "invalid_value"),

@@ -1,12 +1,19 @@
 """The schema engine's front door: schemas become llguidance grammars or a 400 naming what is
 wrong, and which request fields are refused, ignored or served (no model loaded)."""
+import json
+
 import pytest
 
 from engine.grammar import GrammarError, check, from_gbnf, from_json_schema
 from server.http.errors import APIError
 from server.openai.fields import UNSUPPORTED_CHAT, check_fields
 from server.openai.schemas import ChatCompletionRequest
-from server.openai.structured import compile_schema, grammar_for
+from server.openai.structured import (
+    compile_schema,
+    enforceable_schema,
+    grammar_for,
+    validate_arguments,
+)
 from server.openai.tools import parse_tools
 from tests.grammar_bytes import accepts
 
@@ -135,3 +142,66 @@ def test_an_unknown_key_in_a_chat_tool_or_its_function_is_a_400_naming_it():
         with pytest.raises(APIError) as exc:
             parse_tools([tool], None, None)
         assert exc.value.param == param
+
+
+# ---- tools that are not strict: what the grammar can hold, the rest checked afterwards --------
+ENV = {"type": "object", "properties": {"env": {
+    "type": "object", "propertyNames": {"pattern": "^[A-Z_]+$"},
+    "additionalProperties": {"type": "string"}}}, "required": ["env"]}
+
+
+def test_a_schema_with_property_names_compiles_when_not_strict():
+    grammar = compile_schema(ENV, "tools[0].parameters", strict=False)
+    assert accepts(grammar, '{"env": {"PATH": "/bin"}}')
+    assert not accepts(grammar, '{"env": {"PATH": 1}}')   # the rest is still held
+
+
+def test_a_schema_with_property_names_is_a_400_when_strict():
+    with pytest.raises(APIError) as exc:
+        compile_schema(ENV, "tools[0].parameters")
+    assert exc.value.param == "tools[0].parameters" and "propertyNames" in exc.value.message
+
+
+def test_unenforceable_keywords_are_dropped_wherever_a_subschema_holds_them():
+    schema = {"type": "object", "properties": {
+        "tags": {"type": "array", "items": {"type": "string", "not": {"const": ""}},
+                 "uniqueItems": True},
+        "mode": {"anyOf": [{"type": "string", "format": "no-such-format"}, {"type": "null"}]},
+        "propertyNames": {"type": "integer"},   # a property that is named like a keyword
+        "x": {"$ref": "#/$defs/x"}},
+        "$defs": {"x": {"type": "object", "dependentRequired": {"a": ["b"]}}},
+        "if": {"required": ["tags"]}, "then": {"required": ["mode"]}}
+    kept = enforceable_schema(schema, "p", strict=False)
+    text = json.dumps(kept)
+    for keyword in ('"not"', "uniqueItems", "no-such-format", "dependentRequired", '"if"', '"then"'):
+        assert keyword not in text
+    assert kept["properties"]["propertyNames"] == {"type": "integer"}
+    assert kept["properties"]["tags"]["items"] == {"type": "string"}
+    assert schema["properties"]["tags"]["uniqueItems"] is True   # the schema itself is untouched
+
+
+def test_an_enforceable_schema_is_kept_as_it_is_when_not_strict():
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    assert enforceable_schema(schema, "p", strict=False) is schema
+
+
+def test_an_invalid_or_unsatisfiable_schema_is_a_400_even_when_not_strict():
+    for schema in ({"type": "object", "properties": {"a": {"type": 3}}},
+                   {"allOf": [{"type": "string"}, {"type": "integer"}]}):
+        with pytest.raises(APIError):
+            compile_schema(schema, "p", strict=False)
+
+
+def test_arguments_that_keep_the_schema_are_valid():
+    assert validate_arguments(ENV, '{"env": {"PATH": "/bin"}}') is None
+
+
+@pytest.mark.parametrize("arguments,words", [
+    ('{"env": {"path": "/bin"}}', ["env", "path"]),
+    ('{"env": {"PATH": 1}}', ["env/PATH", "string"]),
+    ("{}", ["env", "required"]),
+    ("{not json", ["not JSON"]),
+])
+def test_arguments_that_break_the_schema_name_the_first_violation(arguments, words):
+    message = validate_arguments(ENV, arguments)
+    assert message is not None and all(w in message for w in words)

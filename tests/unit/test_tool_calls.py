@@ -115,3 +115,35 @@ def test_a_tool_choice_whose_function_is_not_an_object_is_a_400_naming_tool_choi
         with pytest.raises(APIError) as exc:
             parse_tools([WEATHER], choice, True)
         assert exc.value.status == 400 and exc.value.param == "tool_choice"
+
+
+ENV_PARAMS = {"type": "object", "properties": {"env": {
+    "type": "object", "propertyNames": {"pattern": "^[A-Z_]+$"},
+    "additionalProperties": {"type": "string"}}}, "required": ["env"]}
+
+
+def _env(**fn):
+    return {"type": "function", "function": {"name": "set_env", "parameters": ENV_PARAMS, **fn}}
+
+
+def test_a_chat_function_that_is_not_strict_may_use_keywords_the_grammar_cannot_enforce():
+    [fn] = parse_tools([_env()], "auto", None).functions
+    assert fn.parameters == ENV_PARAMS and "propertyNames" not in json.dumps(fn.enforced)
+
+
+def test_a_strict_chat_function_whose_schema_cannot_be_enforced_is_a_400_naming_it():
+    with pytest.raises(APIError) as exc:
+        parse_tools([_env(strict=True)], "auto", None)
+    assert exc.value.param == "tools[0].function.parameters"
+
+
+def test_a_forced_call_to_a_function_that_is_not_strict_is_held_to_what_can_be_enforced():
+    g = parse_tools([_env()], "required", False).grammar()
+    assert accepts(g, '<tool_call>{"name": "set_env", "arguments": {"env": {"A": "1"}}}</tool_call>')
+    assert not accepts(g, '<tool_call>{"name": "set_env", "arguments": {"env": 3}}</tool_call>')
+
+
+def test_a_strict_flag_that_is_not_a_boolean_is_a_400_naming_it():
+    with pytest.raises(APIError) as exc:
+        parse_tools([_env(strict="yes")], "auto", None)
+    assert exc.value.param == "tools[0].function.strict"
