@@ -9,7 +9,7 @@ SUDO   := $(if $(filter 0,$(shell id -u)),,sudo)
 NO_AMX := -mno-amx-tile -mno-amx-int8 -mno-amx-bf16
 LLAMA_CMAKE_ARGS ?= -DCMAKE_C_FLAGS='$(NO_AMX)' -DCMAKE_CXX_FLAGS='$(NO_AMX)'
 
-.PHONY: setup run test lint models browser clean cluster image image-router image-run image-stop
+.PHONY: setup run test lint models browser clean cluster image image-router image-run image-stop agents agents-install
 
 # make cluster: replicas on this machine behind sglang-router (docs/scaling-out.md)
 REPLICAS      ?= 2
@@ -64,6 +64,17 @@ image-run:
 
 image-stop:
 	scripts/image_ctl.sh stop $(CONTAINER)
+
+## agents: install Claude Code, Codex CLI and opencode (pinned, from npm, into .agents/) and run
+## each against the server for a few turns (benchmarks/agents.py: per request prompt, cached, TTFT)
+AGENTS_NPM := @anthropic-ai/claude-code@2.1.197 @openai/codex@0.171.0 opencode-ai@1.18.33
+agents-install:
+	@test -x .agents/node_modules/.bin/claude -a -x .agents/node_modules/.bin/codex \
+	  -a -x .agents/node_modules/.bin/opencode || { mkdir -p .agents && \
+	  npm install --silent --no-fund --no-audit --prefix .agents $(AGENTS_NPM); }
+
+agents: setup agents-install
+	$(BIN)/python -m benchmarks.agents $(AGENTS_ARGS)
 
 ## browser: headless Chromium + chromedriver for the dashboard test (Debian packages; needs root)
 browser:

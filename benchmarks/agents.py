@@ -1,0 +1,372 @@
+"""Real agent CLIs against the server: Claude Code (`/v1/messages`), Codex CLI (`/v1/responses`)
+and opencode (`/v1/chat/completions`), installed from npm at pinned versions (`make agents`),
+each run for a few turns in a small scratch repository, as a user runs them. Between the CLI and
+the server a recording proxy times every request and reads its usage, so each line says what the
+agent sent and what the prefix cache did with it:
+
+    python -m benchmarks.agents                              # all three, 3 turns, our server
+    python -m benchmarks.agents --agents claude --turns 2 --url http://127.0.0.1:8000
+    python -m benchmarks.agents --record tests/fixtures/agents   # keep the request bodies
+
+Per request: the agent, the turn, the route, the prompt tokens, those read from the cache, TTFT
+(time to the first answer event), total time and the HTTP status; per turn, the CLI's exit code.
+Without --url it starts our server with a context large enough for the agents' prompts
+(SmolLM2 is trained to 8,192 tokens: PAGEDLLAMA_N_CTX_BEYOND_TRAINED is set for it; a model
+with a longer trained context, such as Gemma 3 270M with `--chat-template gemma`, needs none).
+docs/agents.md: how to point each agent at the server, and the figures measured.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import uvicorn
+from fastapi import FastAPI
+from fastapi import Request as HTTPRequest
+from fastapi.responses import StreamingResponse
+
+from benchmarks.harness.launch import free_port, launched, our_server, parse_env
+
+ROOT = Path(__file__).resolve().parent.parent
+AGENTS_DIR = ROOT / ".agents"       # make agents installs the CLIs here (ignored by git)
+PINS = {"claude": "@anthropic-ai/claude-code@2.1.197", "codex": "@openai/codex@0.171.0",
+        "opencode": "opencode-ai@1.18.33"}
+TURNS = ["List the files in this folder and say what each one is for.",
+         "What does hello.py print when it runs? Read it to find out.",
+         "Add a line saying 'checked' to the end of notes.txt."]
+CONTENT_EVENTS = ("content_block_delta", "response.output_text.delta",
+                  "response.function_call_arguments.delta", "response.reasoning_text.delta")
+
+
+# ---- the recording proxy -------------------------------------------------------------------------
+@dataclass
+class Exchange:
+    agent: str
+    turn: int
+    method: str
+    path: str
+    status: int = 0
+    prompt: int | None = None
+    cached: int | None = None
+    ttft: float | None = None
+    total: float = 0.0
+    body: dict | None = None
+    headers: dict = field(default_factory=dict)
+
+
+@dataclass
+class Recorder:
+    upstream: str
+    agent: str = ""
+    turn: int = 0
+    exchanges: list[Exchange] = field(default_factory=list)
+
+
+def _usage(event: dict, ex: Exchange) -> None:
+    """Prompt and cached tokens from a usage object of any of the three APIs."""
+    usage = (event.get("usage") or (event.get("message") or {}).get("usage")
+             or (event.get("response") or {}).get("usage"))
+    if not isinstance(usage, dict):
+        return
+    if "cache_read_input_tokens" in usage:          # Anthropic
+        read = usage.get("cache_read_input_tokens") or 0
+        ex.cached = read
+        ex.prompt = (usage.get("input_tokens") or 0) + read + \
+            (usage.get("cache_creation_input_tokens") or 0)
+    elif "input_tokens_details" in usage:           # Responses
+        ex.prompt, ex.cached = usage.get("input_tokens"), \
+            (usage.get("input_tokens_details") or {}).get("cached_tokens")
+    elif "prompt_tokens" in usage:                  # chat completions
+        ex.prompt = usage.get("prompt_tokens")
+        ex.cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
+
+
+def _is_content(event: dict) -> bool:
+    if event.get("type") in CONTENT_EVENTS:
+        return True
+    for choice in event.get("choices") or []:
+        delta = choice.get("delta") or {}
+        if delta.get("content") or delta.get("tool_calls") or delta.get("reasoning_content"):
+            return True
+    return False
+
+
+def proxy_app(rec: Recorder) -> FastAPI:
+    app = FastAPI()
+    client = httpx.AsyncClient(base_url=rec.upstream, timeout=None)
+
+    @app.api_route("/{path:path}", methods=["GET", "POST", "HEAD", "DELETE", "PUT"])
+    async def forward(path: str, http: HTTPRequest):
+        raw = await http.body()
+        ex = Exchange(rec.agent, rec.turn, http.method, "/" + path)
+        try:
+            ex.body = json.loads(raw) if raw else None
+        except ValueError:
+            ex.body = None
+        ex.headers = {k: v for k, v in http.headers.items()
+                      if k.startswith(("anthropic-", "x-claude", "x-stainless-lang", "originator",
+                                       "session_id", "user-agent"))}
+        rec.exchanges.append(ex)
+        headers = {k: v for k, v in http.headers.items() if k not in ("host", "content-length")}
+        t0 = time.monotonic()
+        req = client.build_request(http.method, "/" + path, params=http.query_params,
+                                   content=raw, headers=headers)
+        resp = await client.send(req, stream=True)
+        ex.status = resp.status_code
+
+        async def body():
+            buffer = b""
+            try:
+                async for chunk in resp.aiter_raw():
+                    buffer += chunk
+                    while b"\n" in buffer:
+                        line, buffer = buffer.split(b"\n", 1)
+                        _read_line(line, ex, t0)
+                    yield chunk
+                _read_line(buffer, ex, t0)
+            finally:
+                ex.total = time.monotonic() - t0
+                await resp.aclose()
+
+        out_headers = {k: v for k, v in resp.headers.items()
+                       if k not in ("content-length", "content-encoding", "transfer-encoding")}
+        return StreamingResponse(body(), status_code=resp.status_code, headers=out_headers)
+
+    return app
+
+
+def _read_line(line: bytes, ex: Exchange, t0: float) -> None:
+    text = line.strip()
+    if text.startswith(b"data:"):
+        text = text[5:].strip()
+    if not text.startswith(b"{"):
+        return
+    try:
+        event = json.loads(text)
+    except ValueError:
+        return
+    if ex.ttft is None and (_is_content(event) or "content" in event and "usage" in event):
+        ex.ttft = time.monotonic() - t0
+    _usage(event, ex)
+
+
+class Proxy:
+    def __init__(self, rec: Recorder):
+        self.port = free_port()
+        self.server = uvicorn.Server(uvicorn.Config(proxy_app(rec), host="127.0.0.1",
+                                                    port=self.port, log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def __enter__(self) -> str:
+        self.thread.start()
+        while not self.server.started:
+            time.sleep(0.05)
+        return f"http://127.0.0.1:{self.port}"
+
+    def __exit__(self, *exc) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
+
+
+# ---- the agents ----------------------------------------------------------------------------------
+def agent_bin(name: str) -> Path:
+    binary = AGENTS_DIR / "node_modules" / ".bin" / name
+    if not binary.exists():
+        raise SystemExit(f"{binary} is missing: run `make agents` (npm install of {PINS})")
+    return binary
+
+
+def scratch_repo(root: Path) -> Path:
+    repo = root / "repo"
+    repo.mkdir(parents=True)
+    (repo / "hello.py").write_text('print("hello from the scratch repository")\n')
+    (repo / "notes.txt").write_text("Notes\n")
+    (repo / "README.md").write_text("# scratch\nA small repository an agent works in.\n")
+    subprocess.run(["git", "init", "-q"], cwd=repo, check=False)
+    return repo
+
+
+def command(agent: str, base: str, model: str, home: Path, turn: int,
+            prompt: str) -> tuple[list[str], dict[str, str]]:
+    env = {"PATH": os.environ["PATH"], "HOME": str(home), "TERM": "dumb", "CI": "1"}
+    if agent == "claude":
+        env.update({"ANTHROPIC_BASE_URL": base, "ANTHROPIC_API_KEY": "unused",
+                    "ANTHROPIC_MODEL": model, "ANTHROPIC_SMALL_FAST_MODEL": model,
+                    "ANTHROPIC_DEFAULT_HAIKU_MODEL": model,
+                    "ANTHROPIC_DEFAULT_SONNET_MODEL": model,
+                    "ANTHROPIC_DEFAULT_OPUS_MODEL": model, "DISABLE_TELEMETRY": "1",
+                    "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+                    "DISABLE_AUTOUPDATER": "1", "API_TIMEOUT_MS": "3600000"})
+        cmd = [str(agent_bin("claude")), "-p", prompt, "--max-turns", "3"]
+        return cmd + (["--continue"] if turn > 1 else []), env
+    if agent == "codex":
+        codex_home = home / ".codex"
+        codex_home.mkdir(parents=True, exist_ok=True)
+        (codex_home / "config.toml").write_text(
+            f'model = "{model}"\nmodel_provider = "local"\n\n[model_providers.local]\n'
+            f'name = "pagedllama"\nbase_url = "{base}/v1"\nwire_api = "responses"\n'
+            'env_key = "PAGEDLLAMA_KEY"\nrequest_max_retries = 0\nstream_max_retries = 0\n'
+            'stream_idle_timeout_ms = 3600000\n')
+        env.update({"CODEX_HOME": str(codex_home), "PAGEDLLAMA_KEY": "unused"})
+        head = [str(agent_bin("codex")), "exec"] + (["resume", "--last"] if turn > 1 else [])
+        return head + ["--skip-git-repo-check", prompt], env
+    config = home / ".config" / "opencode"
+    config.mkdir(parents=True, exist_ok=True)
+    (config / "opencode.json").write_text(json.dumps({
+        "$schema": "https://opencode.ai/config.json", "model": f"local/{model}",
+        "small_model": f"local/{model}", "autoupdate": False, "share": "disabled",
+        "provider": {"local": {"npm": "@ai-sdk/openai-compatible", "name": "pagedllama",
+                               "options": {"baseURL": f"{base}/v1", "apiKey": "unused",
+                                           "timeout": False},
+                               "models": {model: {"name": model}}}}}))
+    env.update({"OPENCODE_DISABLE_AUTOUPDATE": "1", "OPENCODE_DISABLE_LSP_DOWNLOAD": "1"})
+    cmd = [str(agent_bin("opencode")), "run"] + (["--continue"] if turn > 1 else [])
+    return cmd + [prompt], env
+
+
+@dataclass
+class TurnResult:
+    agent: str
+    turn: int
+    exit_code: int
+    seconds: float
+    output: str
+
+
+def run_agent(agent: str, rec: Recorder, base: str, model: str, turns: int,
+              timeout: float) -> list[TurnResult]:
+    results = []
+    with tempfile.TemporaryDirectory(prefix=f"agent-{agent}-") as tmp:
+        home = Path(tmp) / "home"
+        home.mkdir()
+        repo = scratch_repo(Path(tmp))
+        for turn in range(1, turns + 1):
+            rec.agent, rec.turn = agent, turn
+            cmd, env = command(agent, base, model, home, turn, TURNS[(turn - 1) % len(TURNS)])
+            t0 = time.monotonic()
+            try:
+                done = subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True,
+                                      timeout=timeout, stdin=subprocess.DEVNULL)
+                code, output = done.returncode, (done.stdout + done.stderr)
+            except subprocess.TimeoutExpired as exc:
+                code, output = 124, str(exc.stdout or "")
+            results.append(TurnResult(agent, turn, code, time.monotonic() - t0, output.strip()))
+    return results
+
+
+# ---- the report ----------------------------------------------------------------------------------
+def report(exchanges: list[Exchange], turns: list[TurnResult]) -> dict:
+    print(f"{'agent':9} {'turn':>4} {'route':24} {'status':>6} {'prompt':>7} {'cached':>7} "
+          f"{'cached%':>7} {'ttft s':>7} {'total s':>8}")
+    for ex in exchanges:
+        share = (f"{100 * ex.cached / ex.prompt:.1f}" if ex.prompt and ex.cached is not None
+                 else "-")
+        print(f"{ex.agent:9} {ex.turn:>4} {ex.path[:24]:24} {ex.status:>6} "
+              f"{_n(ex.prompt):>7} {_n(ex.cached):>7} {share:>7} {_s(ex.ttft):>7} "
+              f"{ex.total:>8.2f}")
+    print()
+    summary: dict = {"turns": []}
+    for t in turns:
+        mine = [e for e in exchanges if e.agent == t.agent and e.turn == t.turn
+                and e.prompt is not None]
+        rates = [e.cached / e.prompt for e in mine if e.prompt and e.cached is not None]
+        line = {"agent": t.agent, "turn": t.turn, "exit": t.exit_code,
+                "seconds": round(t.seconds, 1), "requests": len(mine),
+                "status_4xx": sum(1 for e in exchanges if e.agent == t.agent
+                                  and e.turn == t.turn and 400 <= e.status < 500),
+                "min_cached_pct": round(100 * min(rates), 1) if rates else None,
+                "ttft_max_s": round(max((e.ttft or 0) for e in mine), 2) if mine else None}
+        summary["turns"].append(line)
+        print(f"{t.agent} turn {t.turn}: exit {t.exit_code} in {t.seconds:.1f} s, "
+              f"{line['requests']} requests, 4xx {line['status_4xx']}, lowest cached share "
+              f"{line['min_cached_pct']} %, largest TTFT {line['ttft_max_s']} s")
+        if t.exit_code != 0:
+            print("   output: " + t.output[-600:].replace("\n", "\n   "))
+    later = [e.cached / e.prompt for e in exchanges if e.turn > 1 and e.prompt and
+             e.cached is not None]
+    if later:
+        summary["later_turns_cached_median_pct"] = round(100 * statistics.median(later), 1)
+        print(f"turns >= 2: median {summary['later_turns_cached_median_pct']} % of the prompt "
+              "from the cache")
+    return summary
+
+
+def _n(v) -> str:
+    return "-" if v is None else str(v)
+
+
+def _s(v) -> str:
+    return "-" if v is None else f"{v:.2f}"
+
+
+def record(exchanges: list[Exchange], folder: Path) -> None:
+    """The request bodies as fixtures: <agent>-turn<k>-<i>.json with the route and headers."""
+    folder.mkdir(parents=True, exist_ok=True)
+    counts: dict[tuple, int] = {}
+    for ex in exchanges:
+        if ex.method != "POST" or ex.body is None:
+            continue
+        key = (ex.agent, ex.turn)
+        counts[key] = counts.get(key, 0) + 1
+        name = f"{ex.agent}-turn{ex.turn}-{counts[key]}.json"
+        (folder / name).write_text(json.dumps({"path": ex.path, "headers": ex.headers,
+                                               "body": ex.body}, indent=1, ensure_ascii=False))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--agents", default="claude,codex,opencode")
+    ap.add_argument("--turns", type=int, default=3)
+    ap.add_argument("--url", help="a running server (default: start ours)")
+    ap.add_argument("--model", help="the served model name (default: the server's first)")
+    ap.add_argument("--n-ctx", type=int, default=32768)
+    ap.add_argument("--env", action="append", default=[], help="KEY=VALUE for our server")
+    ap.add_argument("--timeout", type=float, default=1800, help="seconds a turn may take")
+    ap.add_argument("--record", type=Path, help="write the request bodies here as fixtures")
+    ap.add_argument("--json", type=Path, help="write the summary here")
+    args = ap.parse_args(argv)
+    agents = [a.strip() for a in args.agents.split(",") if a.strip()]
+    for a in agents:
+        if a not in PINS:
+            ap.error(f"unknown agent {a!r} (one of {', '.join(PINS)})")
+        agent_bin(a)
+    if shutil.which("git") is None:
+        ap.error("git is needed for the scratch repository")
+    with ExitStack() as stack:
+        url = args.url
+        if url is None:
+            env = {"PAGEDLLAMA_N_CTX_BEYOND_TRAINED": "1", "PAGEDLLAMA_MAX_SEQS": "2",
+                   "PAGEDLLAMA_LOG_LEVEL": "info", **parse_env(args.env)}
+            url = stack.enter_context(launched(our_server(n_ctx=args.n_ctx, env=env),
+                                               log_dir=tempfile.mkdtemp(prefix="agents-log-")))
+        model = args.model or httpx.get(f"{url}/v1/models").json()["data"][0]["id"]
+        rec = Recorder(url)
+        base = stack.enter_context(Proxy(rec))
+        turns: list[TurnResult] = []
+        for agent in agents:
+            turns += run_agent(agent, rec, base, model, args.turns, args.timeout)
+    summary = report(rec.exchanges, turns)
+    if args.record:
+        record(rec.exchanges, args.record)
+    if args.json:
+        args.json.write_text(json.dumps(summary, indent=1))
+    return 0 if all(t.exit_code == 0 for t in turns) else 1
+
+
+if __name__ == "__main__":
+    asyncio.set_event_loop_policy(None)
+    sys.exit(main())
