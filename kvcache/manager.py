@@ -485,11 +485,17 @@ class BlockManager:
         return 0 if block is None else (block.index + 1) * self.block_size
 
     def _acquire_seq_id(self) -> int | None:
+        rehome = True
         while not self.free_seq_ids:
-            if self._rehome_one():
+            if rehome and self._rehome_one():
                 continue
-            if not (self.owned.keys() - self.live) or not self._evict_one():
+            leaf = self.leaves.pop_oldest() if self.owned.keys() - self.live else None
+            if leaf is None:
                 return None
+            parent = leaf.parent
+            self._evict(leaf)
+            # a holder may be rehomed once its deepest block is another seq id's ancestor
+            rehome = parent is not None and parent.n_children > 0
         seq_id = heapq.heappop(self.free_seq_ids)
         if self.share_cells:
             return seq_id
@@ -513,12 +519,14 @@ class BlockManager:
 
     def _rehome_one(self) -> bool:
         """Free a holder's seq id without losing a cached block: a holder (its sequence ended)
-        whose cached blocks are all referenced by open sequences hands them to one of those.
-        An open sequence's own cells hold every block of its table (copied from the owner, or
-        computed by itself, or shared in a unified cache), so no KV op moves anything; the
-        holder's cells are removed. Without this, a holder of a prefix that the running
-        sequences share would keep its seq id, and with no seq ids kept for the cache
-        (cache_seqs 0) one fewer sequence could run. True if one was freed."""
+        whose cached blocks are all in the table of an open sequence, or all ancestors of a
+        cached block another seq id holds, hands them to that seq id. Its cells hold every block
+        of its chain (copied from the owner, or computed by itself, or shared in a unified
+        cache), so no KV op moves anything; the holder's cells are removed. Without this, a
+        holder of a prefix that others continued would keep its seq id, and with no seq ids
+        kept for the cache (cache_seqs 0) one fewer sequence could run, or a newer
+        conversation that continued an older one's prefix would be evicted with it.
+        True if one was freed."""
         holders = self.owned.keys() - self.live
         if not holders:
             return False
@@ -528,20 +536,29 @@ class BlockManager:
                 by_holder.setdefault(block.owner, []).append(block)
         for holder in sorted(by_holder):
             blocks = by_holder[holder]
-            if any(b.ref_count == 0 for b in blocks):
-                continue   # it still holds blocks nobody else has: eviction decides
-            deepest = max(blocks, key=lambda b: b.index)
-            heir = next((a for a in self.allocs.values()
-                         if deepest.index < len(a.blocks) and a.blocks[deepest.index] is deepest),
-                        None)
+            heir = self._heir(holder, blocks)
             if heir is None:
                 continue
             for block in blocks:
-                block.owner = heir.seq_id
-            self.owned[heir.seq_id] = self.owned.get(heir.seq_id, 0) + self.owned.pop(holder)
+                block.owner = heir
+            self.owned[heir] = self.owned.get(heir, 0) + self.owned.pop(holder)
             self._release_seq_id(holder)
             return True
         return False
+
+    def _heir(self, holder: int, blocks: list[Block]) -> int | None:
+        """A seq id whose cells hold all of a holder's blocks: an open sequence whose table
+        holds its deepest block, or the holder of a cached child of that block (a chain runs
+        through its ancestors). None while the holder keeps blocks nobody else has."""
+        deepest = max(blocks, key=lambda b: b.index)
+        for child in self.children.get(deepest.key, ()):
+            if child.owner is not None and child.owner != holder:
+                return child.owner
+        if any(b.ref_count == 0 for b in blocks):
+            return None
+        return next((a.seq_id for a in self.allocs.values()
+                     if deepest.index < len(a.blocks) and a.blocks[deepest.index] is deepest),
+                    None)
 
     def _release_seq_id(self, seq_id: int, had_cells: bool = True) -> None:
         if had_cells:

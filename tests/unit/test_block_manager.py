@@ -585,3 +585,28 @@ def test_a_holder_with_blocks_of_its_own_is_not_handed_on_but_evicted():
     assert c is not None and c.seq_id == a.seq_id
     assert manager.lookup(a_tokens) == 8 and manager.lookup(b_tokens) == 12
     manager.check_invariants()
+
+
+def test_a_newer_conversation_survives_when_an_older_one_that_shares_its_head_gives_its_id_up():
+    """Split KV, two seq ids, both holders: an older conversation (a) and a newer one (b) that
+    continued a's first block. A new sequence needs a seq id: a's own blocks go (least recently
+    used), a's first block is handed to b, whose cells hold it, and b's whole chain stays."""
+    manager, kv = make(num_blocks=64, seq_ids=2, share_cells=False)
+    a_tokens = list(range(4)) + [1] * 12 + [2]
+    a = manager.open(a_tokens, 16, 18)
+    compute(manager, kv, a, a_tokens, 0, 17)
+    manager.free(a)
+    kv.apply(manager.take_ops())
+    b_tokens = list(range(4)) + [7] * 12 + [3]        # shares a's first block only
+    b = manager.open(b_tokens, 16, 18)
+    kv.apply(manager.take_ops())
+    assert b.num_cached == 4
+    compute(manager, kv, b, b_tokens, 4, 17)
+    manager.free(b)
+    kv.apply(manager.take_ops())
+    c_tokens = b_tokens + [5] * 4                     # b's next turn
+    c = manager.open(c_tokens, 20, 22)
+    kv.apply(manager.take_ops())
+    assert c is not None and c.num_cached == 16
+    assert own_cells(kv, c, c_tokens, 16)
+    manager.check_invariants()
