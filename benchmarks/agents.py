@@ -199,8 +199,11 @@ def scratch_repo(root: Path) -> Path:
     return repo
 
 
-def command(agent: str, base: str, model: str, home: Path, turn: int,
-            prompt: str) -> tuple[list[str], dict[str, str]]:
+def command(agent: str, base: str, model: str, home: Path, turn: int, prompt: str,
+            max_output: int | None = None) -> tuple[list[str], dict[str, str]]:
+    """The CLI's command line and environment for one turn; `max_output` bounds its answers
+    where the CLI has a setting for it (Claude Code, opencode; Codex has none: the server's
+    PAGEDLLAMA_MAX_OUTPUT bounds it)."""
     env = {"PATH": os.environ["PATH"], "HOME": str(home), "TERM": "dumb", "CI": "1"}
     if agent == "claude":
         env.update({"ANTHROPIC_BASE_URL": base, "ANTHROPIC_API_KEY": "unused",
@@ -210,6 +213,8 @@ def command(agent: str, base: str, model: str, home: Path, turn: int,
                     "ANTHROPIC_DEFAULT_OPUS_MODEL": model, "DISABLE_TELEMETRY": "1",
                     "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
                     "DISABLE_AUTOUPDATER": "1", "API_TIMEOUT_MS": "3600000"})
+        if max_output:
+            env["CLAUDE_CODE_MAX_OUTPUT_TOKENS"] = str(max_output)
         cmd = [str(agent_bin("claude")), "-p", prompt, "--max-turns", "3"]
         return cmd + (["--continue"] if turn > 1 else []), env
     if agent == "codex":
@@ -231,7 +236,9 @@ def command(agent: str, base: str, model: str, home: Path, turn: int,
         "provider": {"local": {"npm": "@ai-sdk/openai-compatible", "name": "pagedllama",
                                "options": {"baseURL": f"{base}/v1", "apiKey": "unused",
                                            "timeout": False},
-                               "models": {model: {"name": model}}}}}))
+                               "models": {model: {"name": model, **(
+                                   {"limit": {"context": 32768, "output": max_output}}
+                                   if max_output else {})}}}}}))
     env.update({"OPENCODE_DISABLE_AUTOUPDATE": "1", "OPENCODE_DISABLE_LSP_DOWNLOAD": "1"})
     cmd = [str(agent_bin("opencode")), "run"] + (["--continue"] if turn > 1 else [])
     return cmd + [prompt], env
@@ -247,15 +254,20 @@ class TurnResult:
 
 
 def run_agent(agent: str, rec: Recorder, base: str, model: str, turns: int,
-              timeout: float) -> list[TurnResult]:
+              timeout: float, max_output: int | None = None) -> list[TurnResult]:
     results = []
-    with tempfile.TemporaryDirectory(prefix=f"agent-{agent}-") as tmp:
-        home = Path(tmp) / "home"
-        home.mkdir()
-        repo = scratch_repo(Path(tmp))
+    # one fixed place per agent, made anew: the prompt names the working directory, so a run
+    # in the place of the last one finds its prompt cached, as a user's next session does
+    place = Path(tempfile.gettempdir()) / "pagedllama-agents" / agent
+    shutil.rmtree(place, ignore_errors=True)
+    try:
+        home = place / "home"
+        home.mkdir(parents=True)
+        repo = scratch_repo(place)
         for turn in range(1, turns + 1):
             rec.agent, rec.turn = agent, turn
-            cmd, env = command(agent, base, model, home, turn, TURNS[(turn - 1) % len(TURNS)])
+            cmd, env = command(agent, base, model, home, turn, TURNS[(turn - 1) % len(TURNS)],
+                               max_output)
             t0 = time.monotonic()
             try:
                 done = subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True,
@@ -264,6 +276,8 @@ def run_agent(agent: str, rec: Recorder, base: str, model: str, turns: int,
             except subprocess.TimeoutExpired as exc:
                 code, output = 124, str(exc.stdout or "")
             results.append(TurnResult(agent, turn, code, time.monotonic() - t0, output.strip()))
+    finally:
+        shutil.rmtree(place, ignore_errors=True)
     return results
 
 
@@ -336,6 +350,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--n-ctx", type=int, default=32768)
     ap.add_argument("--env", action="append", default=[], help="KEY=VALUE for our server")
     ap.add_argument("--timeout", type=float, default=1800, help="seconds a turn may take")
+    ap.add_argument("--max-output", type=int, default=256,
+                    help="most tokens an answer may have (the CLIs' settings, and our server's "
+                    "PAGEDLLAMA_MAX_OUTPUT); 0: as the CLIs ask (32,000)")
     ap.add_argument("--record", type=Path, help="write the request bodies here as fixtures")
     ap.add_argument("--json", type=Path, help="write the summary here")
     args = ap.parse_args(argv)
@@ -350,7 +367,9 @@ def main(argv: list[str] | None = None) -> int:
         url = args.url
         if url is None:
             env = {"PAGEDLLAMA_N_CTX_BEYOND_TRAINED": "1", "PAGEDLLAMA_MAX_SEQS": "2",
-                   "PAGEDLLAMA_LOG_LEVEL": "info", **parse_env(args.env)}
+                   "PAGEDLLAMA_LOG_LEVEL": "info",
+                   **({"PAGEDLLAMA_MAX_OUTPUT": str(args.max_output)} if args.max_output else {}),
+                   **parse_env(args.env)}
             url = stack.enter_context(launched(our_server(n_ctx=args.n_ctx, env=env),
                                                log_dir=tempfile.mkdtemp(prefix="agents-log-")))
         model = args.model or httpx.get(f"{url}/v1/models").json()["data"][0]["id"]
@@ -358,7 +377,8 @@ def main(argv: list[str] | None = None) -> int:
         base = stack.enter_context(Proxy(rec))
         turns: list[TurnResult] = []
         for agent in agents:
-            turns += run_agent(agent, rec, base, model, args.turns, args.timeout)
+            turns += run_agent(agent, rec, base, model, args.turns, args.timeout,
+                               args.max_output or None)
     summary = report(rec.exchanges, turns)
     if args.record:
         record(rec.exchanges, args.record)

@@ -51,6 +51,7 @@ class Settings:
     memory_budget_source: str = ""          # where the budget came from (for the log)
     load_timeout: float = 300.0             # seconds a request waits for its model to load
     beyond_trained: bool = False            # n_ctx may exceed the model's trained context
+    max_output: int | None = None           # most tokens one answer may have (llama-server's -n)
 
 
 def _env(name: str, default: str) -> str:
@@ -151,7 +152,7 @@ def load_settings() -> Settings:
                     edge_from_env(models), int(_env("MAX_N", "8")),
                     _flag("ELASTIC_THREADS", True), _flag("REPACK_WEIGHTS", False),
                     budget, source, float(_env("LOAD_TIMEOUT", "300")),
-                    _flag("N_CTX_BEYOND_TRAINED", False))
+                    _flag("N_CTX_BEYOND_TRAINED", False), _int_or_none("MAX_OUTPUT"))
 
 
 _UNITS = {"": 1, "b": 1, "k": 1024, "kb": 1000, "kib": 1024, "m": 1024**2, "mb": 1000**2,

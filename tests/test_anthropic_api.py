@@ -332,8 +332,11 @@ def test_a_draining_server_answers_overloaded_and_ends_streams_with_an_error_eve
 IMAGE = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBO"}}
 REFUSED = [
     ({"thinking": {"type": "enabled", "budget_tokens": 2048}}, "thinking"),
-    ({"thinking": {"type": "adaptive"}}, "thinking"),
-    ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "tools.0.type"),
+    ({"tools": [{"type": "web_search_20250305", "name": "web_search"}],
+      "tool_choice": {"type": "tool", "name": "web_search"}}, "tool_choice.name"),
+    ({"context_management": {"edits": [{"type": "compact_every_turn"}]}},
+     "context_management.edits.0.type"),
+    ({"output_config": {"effort": "extreme"}}, "output_config.effort"),
     ({"tools": [{**WEATHER, "strict": True}]}, "tools.0.strict"),
     ({"container": "container_123"}, "container"),
     ({"mcp_servers": [{"type": "url", "url": "https://mcp.example", "name": "x"}]},
@@ -348,9 +351,6 @@ REFUSED = [
     ({"messages": [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t",
                                                  "content": [IMAGE]}]}]},
      "messages.0.content.0.content.0.type"),
-    ({"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": [
-        {"type": "redacted_thinking", "data": "abc"}]}, {"role": "user", "content": "Go on"}]},
-     "messages.1.content.0.type"),
     ({"max_tokens": 0}, "max_tokens"),
 ]
 
@@ -369,3 +369,128 @@ def test_headers_of_anthropics_clients_are_accepted(server_url):
         "model": M, "max_tokens": 2, "messages": ASK}, headers={
         "anthropic-version": "2023-06-01", "anthropic-beta": "prompt-caching-2024-07-31"})
     assert resp.status_code == 200, resp.text
+
+
+# ---- what agents send routinely is accepted and honoured ----------------------------------------
+BILLING = "x-anthropic-billing-header: cc_version=2.1.197.6e2; cc_entrypoint=sdk-cli; cch={};"
+AGENT_SYSTEM = "You are a careful assistant. Answer in one short line." * 20
+
+
+def agent_body(cch: str, **kw) -> dict:
+    """What Claude Code sends on every request, around a small question."""
+    return {"model": M, "max_tokens": 32000, "stream": False, "temperature": 0,
+            "system": [{"type": "text", "text": BILLING.format(cch)},
+                       {"type": "text", "text": AGENT_SYSTEM, "cache_control": {"type": "ephemeral"}}],
+            "messages": [{"role": "user", "content": "Count from 1 to 10, separated by commas."}],
+            "stop_sequences": ["5"], "thinking": {"type": "adaptive"},
+            "context_management": {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]},
+            "output_config": {"effort": "high"},
+            "metadata": {"user_id": json.dumps({"device_id": "d", "session_id": "s-1"})}, **kw}
+
+
+def test_claude_codes_routine_fields_are_accepted_and_answered(server_url):
+    resp = httpx.post(f"{server_url}/v1/messages", json=agent_body("aaaa1"), timeout=120,
+                      headers={"x-claude-code-session-id": "s-1", "anthropic-beta":
+                               "context-management-2025-06-27,effort-2025-11-24"})
+    assert resp.status_code == 200, resp.text
+    msg = resp.json()
+    assert msg["stop_reason"] == "stop_sequence" and msg["content"][0]["type"] == "text"
+    assert msg["context_management"] == {"applied_edits": []}
+
+
+def test_the_billing_header_block_is_not_part_of_the_prompt(server_url):
+    """Its per-request hash would change the prompt's first tokens: left out, the second
+    request reads its whole prompt but the last piece from the cache."""
+    first = httpx.post(f"{server_url}/v1/messages", json=agent_body("bbbb1"), timeout=120).json()
+    second = httpx.post(f"{server_url}/v1/messages", json=agent_body("cccc2"), timeout=120).json()
+    count = httpx.post(f"{server_url}/v1/messages/count_tokens", timeout=60, json={
+        "model": M, "system": [{"type": "text", "text": AGENT_SYSTEM}],
+        "messages": agent_body("x")["messages"]}).json()["input_tokens"]
+    usage = second["usage"]
+    prompt = (usage["input_tokens"] + usage["cache_read_input_tokens"]
+              + usage["cache_creation_input_tokens"])
+    assert prompt == count == (first["usage"]["input_tokens"]
+                               + first["usage"]["cache_read_input_tokens"]
+                               + first["usage"]["cache_creation_input_tokens"])
+    assert usage["cache_read_input_tokens"] >= prompt - 16
+
+
+def test_a_max_tokens_beyond_the_context_is_capped_and_the_answer_ends_with_the_context(
+        server_url):
+    question = [{"role": "user", "content": "Say hello. " * 600}]
+    n = httpx.post(f"{server_url}/v1/messages/count_tokens", timeout=60, json={
+        "model": M, "messages": question}).json()["input_tokens"]
+    resp = httpx.post(f"{server_url}/v1/messages", timeout=300, json={
+        "model": M, "max_tokens": 32000, "messages": question, "ignore_eos": True,
+        "temperature": 0})
+    assert resp.status_code == 200, resp.text
+    msg = resp.json()
+    assert msg["stop_reason"] == "model_context_window_exceeded"
+    assert n + msg["usage"]["output_tokens"] == 2048
+
+
+def test_a_prompt_that_alone_does_not_fit_is_still_a_400(server_url):
+    resp = httpx.post(f"{server_url}/v1/messages", timeout=60, json={
+        "model": M, "max_tokens": 10, "messages": [{"role": "user", "content": "hi " * 3000}]})
+    assert resp.status_code == 400 and "maximum context length" in resp.json()["error"]["message"]
+
+
+def test_a_server_tool_is_left_out_and_named_in_a_header(server_url):
+    tools = [WEATHER, {"type": "web_search_20250305", "name": "web_search", "max_uses": 3}]
+    with_server_tool = httpx.post(f"{server_url}/v1/messages/count_tokens", timeout=60, json={
+        "model": M, "messages": ASK, "tools": tools}).json()["input_tokens"]
+    without = httpx.post(f"{server_url}/v1/messages/count_tokens", timeout=60, json={
+        "model": M, "messages": ASK, "tools": [WEATHER]}).json()["input_tokens"]
+    resp = httpx.post(f"{server_url}/v1/messages", timeout=120, json={
+        "model": M, "max_tokens": 4, "messages": ASK, "tools": tools})
+    assert resp.status_code == 200, resp.text
+    assert resp.headers["x-pagedllama-ignored-tools"] == "web_search_20250305"
+    assert with_server_tool == without
+
+
+def test_a_free_tool_with_keywords_the_grammar_cannot_enforce_is_served(server_url):
+    tool = {"name": "set_env", "description": "Set environment variables",
+            "input_schema": {"type": "object", "properties": {"vars": {
+                "type": "object", "propertyNames": {"pattern": "^[A-Z_]+$"},
+                "additionalProperties": {"type": "string"}}}, "required": ["vars"]}}
+    ask = [{"role": "user", "content": "Set HOME to /root."}]
+    resp = httpx.post(f"{server_url}/v1/messages", timeout=120, json={
+        "model": M, "max_tokens": 48, "messages": ask, "tools": [tool],
+        "tool_choice": {"type": "any"}, "temperature": 0})
+    assert resp.status_code == 200, resp.text
+    strict = httpx.post(f"{server_url}/v1/messages", timeout=60, json={
+        "model": M, "max_tokens": 4, "messages": ask, "tools": [{**tool, "strict": True}],
+        "tool_choice": {"type": "any"}})
+    assert strict.status_code == 400 and "tools.0" in strict.json()["error"]["message"]
+
+
+def test_context_editing_clears_old_tool_results_and_says_so(server_url):
+    history = []
+    for i in range(4):
+        history += [{"role": "user", "content": f"Question {i}?"} if i == 0 else
+                    {"role": "user", "content": [{"type": "tool_result", "tool_use_id": f"t{i - 1}",
+                                                  "content": "result text " * 40}]},
+                    {"role": "assistant", "content": [{"type": "tool_use", "id": f"t{i}",
+                                                       "name": "get_weather",
+                                                       "input": {"city": "Oslo"}}]}]
+    history.append({"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t3",
+                                                 "content": "sunny"}]})
+    edits = {"edits": [{"type": "clear_tool_uses_20250919",
+                        "trigger": {"type": "input_tokens", "value": 100},
+                        "keep": {"type": "tool_uses", "value": 1}}]}
+    body = {"model": M, "messages": history, "tools": [WEATHER]}
+    plain = httpx.post(f"{server_url}/v1/messages/count_tokens", json=body, timeout=60).json()
+    edited = httpx.post(f"{server_url}/v1/messages/count_tokens", timeout=60,
+                        json={**body, "context_management": edits}).json()
+    assert edited["input_tokens"] < plain["input_tokens"]
+    assert edited["context_management"]["original_input_tokens"] == plain["input_tokens"]
+    msg = httpx.post(f"{server_url}/v1/messages", timeout=120, json={
+        **body, "max_tokens": 4, "context_management": edits}).json()
+    (applied,) = msg["context_management"]["applied_edits"]
+    assert applied["type"] == "clear_tool_uses_20250919" and applied["cleared_tool_uses"] == 3
+    assert applied["cleared_input_tokens"] == plain["input_tokens"] - edited["input_tokens"]
+
+
+def test_the_base_url_answers_a_probe(server_url):
+    assert httpx.head(f"{server_url}/", timeout=10).status_code == 200
+    assert httpx.get(f"{server_url}/", timeout=10).json()["status"] == "ok"

@@ -241,9 +241,18 @@ def test_unknown_model_is_a_404(client):
 
 def test_prompt_that_cannot_fit_the_context_is_a_400_with_the_numbers(client, model_name):
     with pytest.raises(openai.BadRequestError) as exc:
-        client.completions.create(model=model_name, prompt="hello " * 1000, max_tokens=1500)
+        client.completions.create(model=model_name, prompt="hello " * 2100, max_tokens=10)
     message = exc.value.body["message"]
-    assert "2048" in message and "1500" in message and exc.value.body["code"] == "context_length_exceeded"
+    assert "2048" in message and exc.value.body["code"] == "context_length_exceeded"
+
+
+def test_a_max_tokens_beyond_the_context_left_is_capped_there(client, model_name):
+    """As llama-server and Ollama do (agents ask for 32,000 whatever the model): the answer
+    ends with the context, finish_reason "length"."""
+    resp = client.completions.create(model=model_name, prompt="hello " * 2000, max_tokens=32000,
+                                     temperature=0, extra_body={"ignore_eos": True})
+    assert resp.choices[0].finish_reason == "length"
+    assert resp.usage.prompt_tokens + resp.usage.completion_tokens == 2048
 
 
 def test_server_keeps_serving_after_bad_requests(client, model_name, server_url):

@@ -2,6 +2,7 @@
 with the openai SDK's own calls (create, parse, stream) and types (the shared server fixture)."""
 import json
 
+import httpx
 import jsonschema
 import openai
 import pytest
@@ -130,9 +131,20 @@ def test_a_returned_call_item_is_accepted_back_as_input(client, model_name):
 
 @pytest.mark.parametrize("kw,param", [
     ({"tool_choice": {"type": "function", "name": "nope"}}, "tool_choice"),
-    ({"tools": [WEATHER, {"type": "web_search"}]}, "tools[1].type"),
+    ({"tools": [WEATHER, {"type": "web_search"}], "tool_choice": {"type": "web_search"}},
+     "tool_choice"),
 ])
 def test_a_tool_request_this_server_cannot_serve_is_a_400_naming_it(client, model_name, kw, param):
     with pytest.raises(openai.BadRequestError) as exc:
         respond(client, model_name, input=WEATHER_Q, **{"tools": [WEATHER], **kw})
     assert exc.value.body["param"] == param
+
+
+def test_a_hosted_tool_is_left_out_and_named_in_a_header(server_url, model_name):
+    body = {"model": model_name, "input": WEATHER_Q, "max_output_tokens": 4}
+    resp = httpx.post(f"{server_url}/v1/responses", timeout=120, json={
+        **body, "tools": [WEATHER, {"type": "web_search"}]})
+    alone = httpx.post(f"{server_url}/v1/responses", timeout=120, json={**body, "tools": [WEATHER]})
+    assert resp.status_code == 200, resp.text
+    assert resp.headers["x-pagedllama-ignored-tools"] == "web_search"
+    assert resp.json()["usage"]["input_tokens"] == alone.json()["usage"]["input_tokens"]

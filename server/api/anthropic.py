@@ -67,12 +67,12 @@ async def create_message(body: MessagesRequest, http: HTTPRequest):
     shape = MessageShape(lm.name, ask.omit, tools=tools.use.functions, edits=applied)
     headers = _ignored_header(tools.ignored)
     if body.stream:
-        return EventStream(_stream(svc, gen, shape, answer, body.max_tokens), headers=headers)
+        return EventStream(_stream(svc, gen, shape, answer), headers=headers)
     (choice,) = await svc.collect(gen)
     shape.add(answer.push(choice.text) + answer.end())
     shape.close()
     req = gen.reqs[0]
-    return JSONResponse(shape.message(_stop(req, choice.finish_reason, shape, body.max_tokens),
+    return JSONResponse(shape.message(_stop(req, choice.finish_reason, shape, gen.lm.max_seq_len),
                                       _usage(gen)), headers=headers)
 
 
@@ -158,8 +158,11 @@ def _usage(gen: Generation) -> dict:
 
 
 def _stop(req: Request, finish: FinishReason | None, shape: MessageShape,
-          max_tokens: int) -> tuple[str, str | None]:
-    return stop_reason(finish, shape.calls > 0, req.stop_string, req.num_output < max_tokens)
+          max_seq_len: int) -> tuple[str, str | None]:
+    """The stop reason; a length finish that filled the context (a max_tokens beyond the
+    context left was capped there) is model_context_window_exceeded."""
+    full = len(req.prompt) + req.num_output >= max_seq_len
+    return stop_reason(finish, shape.calls > 0, req.stop_string, full)
 
 
 def _admitted(req: Request) -> bool:
@@ -168,8 +171,8 @@ def _admitted(req: Request) -> bool:
     return seq is not None and seq.alloc is not None
 
 
-async def _stream(svc: Service, gen: Generation, shape: MessageShape, answer: AnswerStream,
-                  max_tokens: int) -> AsyncIterator[bytes]:
+async def _stream(svc: Service, gen: Generation, shape: MessageShape,
+                  answer: AnswerStream) -> AsyncIterator[bytes]:
     """message_start once the engine has opened the request (its cache hit is then known) or
     after a second in its queue, pings while it waits and its prompt computes, then the blocks
     as the answer's pieces come."""
@@ -208,7 +211,8 @@ async def _stream(svc: Service, gen: Generation, shape: MessageShape, answer: An
             if event.finish_reason:
                 for chunk in shape.add(answer.end()):
                     yield chunk
-                for chunk in shape.finish(_stop(req, event.finish_reason, shape, max_tokens),
+                for chunk in shape.finish(_stop(req, event.finish_reason, shape,
+                                                gen.lm.max_seq_len),
                                           _usage(gen)):
                     yield chunk
             pending = asyncio.ensure_future(events.__anext__())

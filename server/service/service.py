@@ -327,6 +327,9 @@ class Service:
                            f"the prompt has {len(prompt)} tokens, which leaves no room for the "
                            "completion. Please reduce the prompt.", "context_length_exceeded",
                            where)
+        if self.settings.max_output is not None:    # PAGEDLLAMA_MAX_OUTPUT
+            cap = self.settings.max_output
+            max_tokens = cap if max_tokens is None else min(max_tokens, cap)
         if max_tokens is not None:
             max_tokens = min(max_tokens, limit - len(prompt))
         self._refuse_when_closing()
