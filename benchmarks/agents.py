@@ -199,11 +199,11 @@ def scratch_repo(root: Path) -> Path:
     return repo
 
 
-def command(agent: str, base: str, model: str, home: Path, turn: int, prompt: str,
-            max_output: int | None = None) -> tuple[list[str], dict[str, str]]:
-    """The CLI's command line and environment for one turn; `max_output` bounds its answers
-    where the CLI has a setting for it (Claude Code, opencode; Codex has none: the server's
-    PAGEDLLAMA_MAX_OUTPUT bounds it)."""
+def command(agent: str, base: str, model: str, home: Path, turn: int,
+            prompt: str) -> tuple[list[str], dict[str, str]]:
+    """The CLI's command line and environment for one turn, with nothing set that changes what
+    it sends (its answers are bounded by the server's PAGEDLLAMA_MAX_OUTPUT, not by asking
+    the CLI for a smaller max_tokens)."""
     env = {"PATH": os.environ["PATH"], "HOME": str(home), "TERM": "dumb", "CI": "1"}
     if agent == "claude":
         env.update({"ANTHROPIC_BASE_URL": base, "ANTHROPIC_API_KEY": "unused",
@@ -213,8 +213,6 @@ def command(agent: str, base: str, model: str, home: Path, turn: int, prompt: st
                     "ANTHROPIC_DEFAULT_OPUS_MODEL": model, "DISABLE_TELEMETRY": "1",
                     "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
                     "DISABLE_AUTOUPDATER": "1", "API_TIMEOUT_MS": "3600000"})
-        if max_output:
-            env["CLAUDE_CODE_MAX_OUTPUT_TOKENS"] = str(max_output)
         cmd = [str(agent_bin("claude")), "-p", prompt, "--max-turns", "3"]
         return cmd + (["--continue"] if turn > 1 else []), env
     if agent == "codex":
@@ -236,9 +234,7 @@ def command(agent: str, base: str, model: str, home: Path, turn: int, prompt: st
         "provider": {"local": {"npm": "@ai-sdk/openai-compatible", "name": "pagedllama",
                                "options": {"baseURL": f"{base}/v1", "apiKey": "unused",
                                            "timeout": False},
-                               "models": {model: {"name": model, **(
-                                   {"limit": {"context": 32768, "output": max_output}}
-                                   if max_output else {})}}}}}))
+                               "models": {model: {"name": model}}}}}))
     env.update({"OPENCODE_DISABLE_AUTOUPDATE": "1", "OPENCODE_DISABLE_LSP_DOWNLOAD": "1"})
     cmd = [str(agent_bin("opencode")), "run"] + (["--continue"] if turn > 1 else [])
     return cmd + [prompt], env
@@ -254,7 +250,7 @@ class TurnResult:
 
 
 def run_agent(agent: str, rec: Recorder, base: str, model: str, turns: int,
-              timeout: float, max_output: int | None = None) -> list[TurnResult]:
+              timeout: float) -> list[TurnResult]:
     results = []
     # one fixed place per agent, made anew: the prompt names the working directory, so a run
     # in the place of the last one finds its prompt cached, as a user's next session does
@@ -266,8 +262,7 @@ def run_agent(agent: str, rec: Recorder, base: str, model: str, turns: int,
         repo = scratch_repo(place)
         for turn in range(1, turns + 1):
             rec.agent, rec.turn = agent, turn
-            cmd, env = command(agent, base, model, home, turn, TURNS[(turn - 1) % len(TURNS)],
-                               max_output)
+            cmd, env = command(agent, base, model, home, turn, TURNS[(turn - 1) % len(TURNS)])
             t0 = time.monotonic()
             try:
                 done = subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True,
@@ -350,9 +345,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--n-ctx", type=int, default=32768)
     ap.add_argument("--env", action="append", default=[], help="KEY=VALUE for our server")
     ap.add_argument("--timeout", type=float, default=1800, help="seconds a turn may take")
-    ap.add_argument("--max-output", type=int, default=256,
-                    help="most tokens an answer may have (the CLIs' settings, and our server's "
-                    "PAGEDLLAMA_MAX_OUTPUT); 0: as the CLIs ask (32,000)")
+    ap.add_argument("--max-output", type=int, default=64,
+                    help="PAGEDLLAMA_MAX_OUTPUT for the server this starts: the most tokens an "
+                    "answer may have (a small model rarely stops by itself); 0: none")
     ap.add_argument("--record", type=Path, help="write the request bodies here as fixtures")
     ap.add_argument("--json", type=Path, help="write the summary here")
     args = ap.parse_args(argv)
@@ -377,8 +372,7 @@ def main(argv: list[str] | None = None) -> int:
         base = stack.enter_context(Proxy(rec))
         turns: list[TurnResult] = []
         for agent in agents:
-            turns += run_agent(agent, rec, base, model, args.turns, args.timeout,
-                               args.max_output or None)
+            turns += run_agent(agent, rec, base, model, args.turns, args.timeout)
     summary = report(rec.exchanges, turns)
     if args.record:
         record(rec.exchanges, args.record)

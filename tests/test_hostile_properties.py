@@ -117,7 +117,7 @@ def object_of(schema: dict, schemas: dict, depth: int = 0) -> st.SearchStrategy:
     required = set(schema.get("required", ()))
     fields = {}
     for name, sub in props.items():
-        value = FIELD_VALUES.get(name) or of_schema(sub, schemas, depth)
+        value = FIELD_VALUES[name] if name in FIELD_VALUES else of_schema(sub, schemas, depth)
         fields[name] = value if name in required else weighted((4, st.just(_ABSENT)), (1, value))
     return st.fixed_dictionaries(fields).map(
         lambda f: {k: v for k, v in f.items() if v is not _ABSENT})

@@ -70,7 +70,8 @@ async def chat_completions(body: ChatCompletionRequest, http: HTTPRequest):
     thinking = None if body.continue_final_message else thinking_mode(
         lm.template.thinks, prompt.opens_thinking)
     grammar = constrain_after_thinking(grammar or use.grammar(), thinking)
-    gen = svc.generate(lm, [prompt], body, max_tokens, http, grammar)
+    gen = svc.generate(lm, [prompt], body, max_tokens, http, grammar,
+                       affinity=cache_key(body))
     fmt = _format("chat", lm, body, tools=use.active)
     fmt.thinking = thinking
     return await _respond(svc, gen, fmt)
@@ -96,7 +97,8 @@ async def completions(body: CompletionRequest, http: HTTPRequest):
             raise APIError(400, "the prompt is empty", "empty_prompt", "prompt")
         prompts.append(await svc.text_prompt(lm, p, max_tokens, http) if isinstance(p, str)
                        else list(p))
-    gen = svc.generate(lm, prompts, body, max_tokens, http, grammar_for(body, lm.model))
+    gen = svc.generate(lm, prompts, body, max_tokens, http, grammar_for(body, lm.model),
+                       affinity=cache_key(body))
     echo = ([p if isinstance(p, str) else lm.model.detokenize(p) for p in prompts_in]
             if body.echo else [])   # after generate: it has checked the token ids
     return await _respond(svc, gen, _format("completion", lm, body, echo, len(prompts)))
@@ -180,3 +182,11 @@ async def _stream(svc: Service, gen: Generation, fmt: OpenAIFormat) -> AsyncIter
     if fmt.include_usage:
         yield fmt.usage_chunk(usage(gen.reqs))
     yield sse("[DONE]")
+
+
+def cache_key(body) -> str | None:
+    """The session a request belongs to (`prompt_cache_key`, else `user`), which keeps it on the
+    replica holding its cache."""
+    extra = body.model_extra or {}
+    key = extra.get("prompt_cache_key") or extra.get("user")
+    return key if isinstance(key, str) and key else None
