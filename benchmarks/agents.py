@@ -38,7 +38,15 @@ from fastapi import FastAPI
 from fastapi import Request as HTTPRequest
 from fastapi.responses import StreamingResponse
 
-from benchmarks.harness.launch import free_port, launched, our_server, parse_env
+from benchmarks.harness.launch import (
+    find_peer_bin,
+    free_port,
+    launched,
+    llama_server,
+    our_server,
+    parse_env,
+)
+from server.config import DEFAULT_MODEL, chat_template_path
 
 ROOT = Path(__file__).resolve().parent.parent
 AGENTS_DIR = ROOT / ".agents"       # make agents installs the CLIs here (ignored by git)
@@ -340,14 +348,20 @@ def main(argv: list[str] | None = None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--agents", default="claude,codex,opencode")
     ap.add_argument("--turns", type=int, default=3)
-    ap.add_argument("--url", help="a running server (default: start ours)")
-    ap.add_argument("--model", help="the served model name (default: the server's first)")
+    ap.add_argument("--servers", default="ours",
+                    help="ours, llama-server or both (ours,llama-server): each runs the same "
+                    "sessions, one server at a time")
+    ap.add_argument("--url", help="a running server instead (--servers is then ignored)")
+    ap.add_argument("--model", type=Path, default=DEFAULT_MODEL, help="the GGUF file")
+    ap.add_argument("--chat-template", help="a template name or file for both servers")
+    ap.add_argument("--peer-bin", help="llama-server (default: .peer/build/bin/llama-server)")
     ap.add_argument("--n-ctx", type=int, default=32768)
     ap.add_argument("--env", action="append", default=[], help="KEY=VALUE for our server")
     ap.add_argument("--timeout", type=float, default=1800, help="seconds a turn may take")
     ap.add_argument("--max-output", type=int, default=64,
-                    help="PAGEDLLAMA_MAX_OUTPUT for the server this starts: the most tokens an "
-                    "answer may have (a small model rarely stops by itself); 0: none")
+                    help="the most tokens an answer may have, set on the servers this starts "
+                    "(PAGEDLLAMA_MAX_OUTPUT, llama-server's -n): a small model rarely stops "
+                    "by itself; 0: none")
     ap.add_argument("--record", type=Path, help="write the request bodies here as fixtures")
     ap.add_argument("--json", type=Path, help="write the summary here")
     args = ap.parse_args(argv)
@@ -358,27 +372,77 @@ def main(argv: list[str] | None = None) -> int:
         agent_bin(a)
     if shutil.which("git") is None:
         ap.error("git is needed for the scratch repository")
-    with ExitStack() as stack:
-        url = args.url
-        if url is None:
-            env = {"PAGEDLLAMA_N_CTX_BEYOND_TRAINED": "1", "PAGEDLLAMA_MAX_SEQS": "2",
-                   "PAGEDLLAMA_LOG_LEVEL": "info",
-                   **({"PAGEDLLAMA_MAX_OUTPUT": str(args.max_output)} if args.max_output else {}),
-                   **parse_env(args.env)}
-            url = stack.enter_context(launched(our_server(n_ctx=args.n_ctx, env=env),
-                                               log_dir=tempfile.mkdtemp(prefix="agents-log-")))
-        model = args.model or httpx.get(f"{url}/v1/models").json()["data"][0]["id"]
-        rec = Recorder(url)
-        base = stack.enter_context(Proxy(rec))
-        turns: list[TurnResult] = []
-        for agent in agents:
-            turns += run_agent(agent, rec, base, model, args.turns, args.timeout)
-    summary = report(rec.exchanges, turns)
-    if args.record:
-        record(rec.exchanges, args.record)
+    servers = ["url"] if args.url else [s.strip() for s in args.servers.split(",")]
+    results: dict[str, tuple[list[Exchange], list[TurnResult]]] = {}
+    for server in servers:
+        with ExitStack() as stack:
+            url = args.url or stack.enter_context(_launch(server, args, ap))
+            model = httpx.get(f"{url}/v1/models").json()["data"][0]["id"]
+            rec = Recorder(url)
+            base = stack.enter_context(Proxy(rec))
+            turns: list[TurnResult] = []
+            for agent in agents:
+                turns += run_agent(agent, rec, base, model, args.turns, args.timeout)
+        print(f"== {server}")
+        summary = report(rec.exchanges, turns)
+        results[server] = (rec.exchanges, turns)
+        if args.record and server in ("ours", "url"):
+            record(rec.exchanges, args.record)
+    if len(results) == 2:
+        summary = {"servers": {k: report_quiet(*v) for k, v in results.items()},
+                   "ttft_ratio": compare(*results.values())}
     if args.json:
         args.json.write_text(json.dumps(summary, indent=1))
-    return 0 if all(t.exit_code == 0 for t in turns) else 1
+    return 0 if all(t.exit_code == 0 for _, ts in results.values() for t in ts) else 1
+
+
+def _launch(server: str, args, ap):
+    n_out = args.max_output
+    template = args.chat_template
+    if server == "ours":
+        env = {"PAGEDLLAMA_N_CTX_BEYOND_TRAINED": "1", "PAGEDLLAMA_MAX_SEQS": "2",
+               "PAGEDLLAMA_LOG_LEVEL": "info",
+               **({"PAGEDLLAMA_MAX_OUTPUT": str(n_out)} if n_out else {}),
+               **({"PAGEDLLAMA_CHAT_TEMPLATE": template} if template else {}),
+               **parse_env(args.env)}
+        return launched(our_server(args.model, n_ctx=args.n_ctx, env=env),
+                        log_dir=tempfile.mkdtemp(prefix="agents-log-"))
+    if server != "llama-server":
+        ap.error(f"unknown server {server!r}")
+    binary = find_peer_bin(args.peer_bin)
+    if binary is None:
+        ap.error("no llama-server: scripts/build_llama_server.sh builds it")
+    extra = ["--jinja"] + (["-n", str(n_out)] if n_out else [])
+    if template:
+        path = chat_template_path(template, Path.cwd(), "--chat-template")
+        extra += ["--chat-template-file", str(path)]
+    return launched(llama_server(binary, args.model, parallel=2, n_ctx=args.n_ctx, extra=extra),
+                    log_dir=tempfile.mkdtemp(prefix="agents-log-"))
+
+
+def report_quiet(exchanges: list[Exchange], turns: list[TurnResult]) -> list[dict]:
+    return [{"agent": e.agent, "turn": e.turn, "status": e.status, "prompt": e.prompt,
+             "cached": e.cached, "ttft": e.ttft, "total": round(e.total, 3)}
+            for e in exchanges if e.method == "POST"]
+
+
+def compare(ours: tuple, peer: tuple) -> list[dict]:
+    """Per agent and turn: the first request's TTFT, ours over llama-server's."""
+    def first(exchanges: list[Exchange]) -> dict:
+        out: dict = {}
+        for e in exchanges:
+            if e.method == "POST" and e.ttft is not None:
+                out.setdefault((e.agent, e.turn), e.ttft)
+        return out
+    a, b = first(ours[0]), first(peer[0])
+    print("\nTTFT of each turn's first request, ours / llama-server:")
+    rows = []
+    for key in sorted(a.keys() & b.keys()):
+        ratio = a[key] / b[key] if b[key] else float("nan")
+        rows.append({"agent": key[0], "turn": key[1], "ours": round(a[key], 2),
+                     "llama_server": round(b[key], 2), "ratio": round(ratio, 2)})
+        print(f"  {key[0]:9} turn {key[1]}: {a[key]:8.2f} s / {b[key]:8.2f} s = {ratio:.2f}x")
+    return rows
 
 
 if __name__ == "__main__":

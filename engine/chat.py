@@ -30,7 +30,7 @@ class ChatTemplate:
         env.filters["tojson"] = _tojson
         self.template = env.from_string(source)
         self.bos_token, self.eos_token = bos_token, eos_token
-        # Renders tools itself, in the tagged syntax server/openai/tools.py parses (Hermes,
+        # Renders tools itself, in the tagged syntax server/openai/tool_fields.py parses (Hermes,
         # Qwen2.5):
         # the template reads a `tools` variable and writes <tool_call> blocks.
         self.knows_tools = ("tools" in meta.find_undeclared_variables(env.parse(source))

@@ -2,13 +2,16 @@
 folder: the catalogue of models this process may serve, and the memory they may take."""
 from __future__ import annotations
 
-import math
 import os
 import re
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
+from pydantic import ValidationError
+
 from engine import EngineConfig
+from server.durations import parse_keep_alive
+from server.openai.bodies import SamplingFields
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_MODEL = ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -207,39 +210,6 @@ def memory_budget_from_env() -> tuple[int, str]:
             f"{DEFAULT_BUDGET_SHARE:.0%} of the available memory")
 
 
-_DURATION = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ms|s|m|h)")
-
-
-def parse_keep_alive(value: object, where: str) -> float:
-    """A keep-alive in seconds: a number, or Ollama's duration strings (`"10m"`, `"1h30m"`,
-    `"45s"`, `"-1"`). Negative: never unload; 0: unload as soon as idle."""
-    if isinstance(value, bool):
-        raise ValueError(f"{where}: expected seconds or a duration such as \"5m\"")
-    if isinstance(value, (int, float)):
-        try:
-            seconds = float(value)
-        except OverflowError:
-            seconds = math.inf
-    elif isinstance(value, str):
-        text = value.strip()
-        try:
-            seconds = float(text)
-        except ValueError:
-            body = text.removeprefix("-")   # one sign for the whole duration, as Go's
-            parts = _DURATION.findall(body)
-            if not parts or "".join(n + u for n, u in parts) != body:
-                raise ValueError(f"{where}: {value!r:.40} is not seconds or a duration such as "
-                                 "\"5m\", \"1h30m\" or \"-1\"") from None
-            scale = {"ms": 0.001, "s": 1, "m": 60, "h": 3600}
-            seconds = sum(float(n) * scale[u] for n, u in parts)
-            seconds = -seconds if text.startswith("-") else seconds
-    else:
-        raise ValueError(f"{where}: expected seconds or a duration such as \"5m\"")
-    if not math.isfinite(seconds):
-        raise ValueError(f"{where}: {value!r:.40} is not a finite duration")
-    return -1.0 if seconds < 0 else seconds
-
-
 def default_max_body_bytes(models: list[ModelSpec]) -> int:
     """64 KiB plus 64 bytes per token of the longest context: room for any prompt that can fit
     (dense text is 4-12 bytes a token even with JSON escapes) and no more."""
@@ -344,10 +314,6 @@ def sampling_defaults(raw: object, where: str) -> dict:
     """A models file's per-model `defaults`, checked as a request's fields are (types, ranges),
     so that a typo or a bad value stops the server at start-up instead of being ignored or
     failing every request later. A null value means no default."""
-    from pydantic import ValidationError
-
-    from server.openai.schemas import SamplingFields
-
     if not isinstance(raw, dict):
         raise ValueError(f"{where} must be a mapping")
     unknown = sorted(set(raw) - set(SAMPLING_DEFAULTS))

@@ -206,7 +206,7 @@ class MetricsObserver(Observer):
         return self._workers()
 
     def watch_catalog(self, catalog: Callable[[], object | None]) -> None:
-        """Where the model gauges read from (server/service/models.py's Models)."""
+        """Where the model gauges read from (server/service/catalog.py's Models)."""
         self._catalog = catalog
 
     def catalog(self):

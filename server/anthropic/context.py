@@ -42,8 +42,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from server.anthropic.schemas import invalid, unsupported
-from server.openai.schemas import INT64_MAX
+from server.anthropic.messages_body import invalid, unsupported
+from server.openai.bodies import INT64_MAX
 
 TOOL_USES = "clear_tool_uses_20250919"
 THINKING = "clear_thinking_20251015"

@@ -9,7 +9,7 @@ naming its field (`messages.2.content.0.type`, `tools.1.input_schema`, `tool_cho
   `thinking` blocks the message's `reasoning_content` (what thinking templates read); a user's
   `tool_result` blocks become `tool` messages (an `is_error` result is rendered as "Error: …"),
   in the order of the blocks. From there the tools go the way chat's go
-  (server/chat/tools.py: the template's own format or the fallback).
+  (server/chat/tool_calls.py: the template's own format or the fallback).
 - A last message from the assistant is a prefill: the answer continues its text.
 - `image` and `document` blocks are refused until a served model can see. Server tools
   (`web_search_…`, `bash_…`, …), which this server does not run, are left out of the prompt and
@@ -27,13 +27,11 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic import ValidationError
-
-from server.anthropic.schemas import MessagesFields, MessagesRequest, invalid, unsupported
-from server.chat.tools import Function, ToolUse
+from server.anthropic.messages_body import MessagesFields, MessagesRequest, invalid, unsupported
+from server.chat.tool_calls import Function, ToolUse
 from server.http.errors import APIError
-from server.openai.schemas import SamplingFields
 from server.openai.structured import enforceable_schema
+from server.service.request import Blame, GenerationRequest, Sampling
 
 JOIN = "\n\n"   # between the text blocks of one message
 _UNKNOWN = ("is not a field this server knows; it is refused rather than ignored, because "
@@ -380,24 +378,20 @@ def thinking_of(body: MessagesFields, model: str, thinks: bool,
 
 
 # ---- sampling ----------------------------------------------------------------------------------
-class MessagesSampling(SamplingFields):
-    """The sampling fields of a Messages request (`messages` is only there so that a prompt too
-    long for the context is blamed on `messages`, server/service/service.py)."""
-    messages: None = None
-
-
-def sampling(body: MessagesRequest) -> SamplingFields:
-    """The sampling fields the service reads (stop_sequences as stop strings)."""
+def sampling(body: MessagesRequest) -> Sampling:
+    """The sampling values the service takes (stop_sequences as stop strings)."""
     stops = body.stop_sequences or []
     if len(stops) > 16:
         raise invalid("stop_sequences", "at most 16 stop sequences")
     if any(not s for s in stops):
         raise invalid("stop_sequences", "a stop sequence cannot be empty")
-    try:
-        return MessagesSampling(
-            model=body.model, max_tokens=body.max_tokens, temperature=body.temperature,
-            top_p=body.top_p, top_k=body.top_k, min_p=body.min_p, seed=body.seed,
-            stop=stops or None, ignore_eos=body.ignore_eos, stream=body.stream,
-            priority=body.priority, timeout=body.timeout)
-    except ValidationError as exc:   # not expected: the request's own checks are as strict
-        raise invalid("body", str(exc.errors()[0].get("msg"))) from exc
+    return Sampling(temperature=body.temperature, top_k=body.top_k, top_p=body.top_p,
+                    min_p=body.min_p, seed=body.seed, stop=tuple(stops),
+                    ignore_eos=body.ignore_eos)
+
+
+def generation(body: MessagesRequest, prompt: list[int], grammar: str | None,
+               affinity: str | None) -> GenerationRequest:
+    """The request as the service takes it; a prompt error names `messages`."""
+    return GenerationRequest([prompt], sampling(body), body.max_tokens, 1, body.priority,
+                             body.timeout, grammar, affinity, Blame(prompt="messages"))

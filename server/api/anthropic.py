@@ -1,7 +1,7 @@
 """Anthropic's Messages API: POST /v1/messages and POST /v1/messages/count_tokens. The body
 becomes chat messages and a ToolUse (server/anthropic/convert.py), then goes the way a chat
 completion goes (service.chat_prompt, service.generate); the answer is shaped as Anthropic's
-message or stream events (server/anthropic/format.py). Errors on these routes come in
+message or stream events (server/anthropic/message_shape.py). Errors on these routes come in
 Anthropic's shape (server/http/errors.py)."""
 from __future__ import annotations
 
@@ -17,9 +17,9 @@ from fastapi.responses import JSONResponse
 from engine import Request
 from scheduler import FinishReason
 from server.anthropic.context import ContextEdits, apply_edits, parse_edits
-from server.anthropic.convert import Tools, sampling, thinking_of, to_chat, tools_of
-from server.anthropic.format import MessageShape, error_event, ping, stop_reason, usage
-from server.anthropic.schemas import (
+from server.anthropic.convert import Tools, generation, thinking_of, to_chat, tools_of
+from server.anthropic.message_shape import MessageShape, error_event, ping, stop_reason, usage
+from server.anthropic.messages_body import (
     CountTokensRequest,
     MessagesFields,
     MessagesRequest,
@@ -29,7 +29,7 @@ from server.anthropic.schemas import (
 from server.chat.answer import AnswerStream, constrain_after_thinking, thinking_mode
 from server.http.openapi import ANTHROPIC_ERROR_RESPONSES, MESSAGES_STREAMED
 from server.http.sse import EventStream
-from server.service.models import LoadedModel
+from server.service.catalog import LoadedModel
 from server.service.service import IGNORED_TOOLS_HEADER, Generation, Service, error_status
 
 router = APIRouter(prefix="/v1", responses=ANTHROPIC_ERROR_RESPONSES)
@@ -55,13 +55,11 @@ async def create_message(body: MessagesRequest, http: HTTPRequest):
     ask = thinking_of(body, lm.name, _thinks(lm), body.max_tokens)
     body, applied = await _edit_context(svc, lm, body, edits, tools, ask.off, http)
     messages, prefill = to_chat(body)
-    fields = sampling(body)
     prompt = await svc.chat_prompt(lm, messages, body.max_tokens, http, not prefill, prefill,
                                    tools.use, no_thinking=ask.off)
     mode = None if prefill or ask.off else thinking_mode(_thinks(lm), prompt.opens_thinking)
     grammar = constrain_after_thinking(tools.use.grammar(), mode)
-    gen = svc.generate(lm, [prompt], fields, body.max_tokens, http, grammar,
-                       affinity=session_key(body, http))
+    gen = svc.generate(lm, generation(body, prompt, grammar, session_key(body, http)), http)
     http.state.ignored_tools = tools.ignored   # for the request log
     answer = AnswerStream(tools.use.active, mode, tools.first_only)
     shape = MessageShape(lm.name, ask.omit, tools=tools.use.functions, edits=applied)

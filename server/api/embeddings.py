@@ -16,9 +16,9 @@ from pydantic import ConfigDict, Field
 from server.api.models import check_tokens
 from server.http.errors import APIError
 from server.http.openapi import ERROR_RESPONSES
+from server.openai.bodies import Body, Int, KeepAlive
 from server.openai.fields import check_fields
-from server.openai.schemas import Body, Int, KeepAlive
-from server.service.models import LoadedModel
+from server.service.catalog import LoadedModel
 from server.service.service import Service
 
 router = APIRouter(prefix="/v1", responses=ERROR_RESPONSES)

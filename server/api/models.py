@@ -13,9 +13,9 @@ from pydantic import ConfigDict, Field
 
 from server.http.errors import APIError
 from server.http.openapi import ERROR_RESPONSES
+from server.openai.bodies import Body, Bool, Int
 from server.openai.fields import check_fields
-from server.openai.schemas import Body, Bool, Int
-from server.service.models import Entry, LoadedModel, State
+from server.service.catalog import Entry, LoadedModel, State
 from server.service.service import Service
 
 router = APIRouter(responses=ERROR_RESPONSES)

@@ -13,8 +13,8 @@ from engine import Request, Worker
 from server.http.errors import error_body
 from server.http.openapi import ERROR_RESPONSES, STREAM_ONLY
 from server.http.sse import EventStream, json_data, message
+from server.openai.bodies import GenerateRequest
 from server.openai.fields import check_fields, unsupported
-from server.openai.schemas import GenerateRequest
 from server.openai.structured import grammar_for
 from server.service.service import Service, error_status
 
@@ -76,7 +76,8 @@ async def generate_stream(body: GenerateRequest, http: HTTPRequest):
                                        body.max_tokens, http, param="prompt")
     else:
         prompt = await svc.text_prompt(lm, body.prompt, body.max_tokens, http)
-    worker, req = svc.submit(lm, prompt, body, body.max_tokens, grammar_for(body, lm.model))
+    worker, req = svc.submit(lm, prompt, body.generation([prompt], body.max_tokens,
+                                                         grammar_for(body, lm.model)))
     return EventStream(_events(svc, worker, req, http))
 
 

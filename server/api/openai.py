@@ -1,6 +1,6 @@
 """OpenAI-compatible routes: /v1/chat/completions, /v1/completions, /v1/models. A route turns its
 body into a prompt and an OpenAIFormat; `_respond` runs it (service.generate) and shapes the
-answer (server/openai/format.py)."""
+answer (server/openai/completion_format.py)."""
 from __future__ import annotations
 
 import time
@@ -15,17 +15,17 @@ from server.chat.answer import constrain_after_thinking, thinking_mode
 from server.http.errors import APIError, error_body
 from server.http.openapi import ERROR_RESPONSES, STREAMED
 from server.http.sse import EventStream
-from server.openai.fields import UNSUPPORTED_CHAT, UNSUPPORTED_COMPLETION, check_fields, unsupported
-from server.openai.format import Kind, OpenAIFormat, sse, usage
-from server.openai.schemas import (
+from server.openai.bodies import (
     ChatCompletionRequest,
     CompletionRequest,
     SamplingFields,
     UnsupportedContent,
 )
+from server.openai.completion_format import Kind, OpenAIFormat, sse, usage
+from server.openai.fields import UNSUPPORTED_CHAT, UNSUPPORTED_COMPLETION, check_fields, unsupported
 from server.openai.structured import grammar_for
-from server.openai.tools import parse_tools
-from server.service.models import LoadedModel
+from server.openai.tool_fields import parse_tools
+from server.service.catalog import LoadedModel
 from server.service.service import Generation, Service, error_status
 
 router = APIRouter(prefix="/v1", responses=ERROR_RESPONSES)
@@ -70,8 +70,9 @@ async def chat_completions(body: ChatCompletionRequest, http: HTTPRequest):
     thinking = None if body.continue_final_message else thinking_mode(
         lm.template.thinks, prompt.opens_thinking)
     grammar = constrain_after_thinking(grammar or use.grammar(), thinking)
-    gen = svc.generate(lm, [prompt], body, max_tokens, http, grammar,
-                       affinity=cache_key(body))
+    gen = svc.generate(lm, body.generation([prompt], max_tokens, grammar,
+                                           affinity=cache_key(body), prompt_field="messages"),
+                       http)
     fmt = _format("chat", lm, body, tools=use.active)
     fmt.thinking = thinking
     return await _respond(svc, gen, fmt)
@@ -97,8 +98,8 @@ async def completions(body: CompletionRequest, http: HTTPRequest):
             raise APIError(400, "the prompt is empty", "empty_prompt", "prompt")
         prompts.append(await svc.text_prompt(lm, p, max_tokens, http) if isinstance(p, str)
                        else list(p))
-    gen = svc.generate(lm, prompts, body, max_tokens, http, grammar_for(body, lm.model),
-                       affinity=cache_key(body))
+    gen = svc.generate(lm, body.generation(prompts, max_tokens, grammar_for(body, lm.model),
+                                           affinity=cache_key(body)), http)
     echo = ([p if isinstance(p, str) else lm.model.detokenize(p) for p in prompts_in]
             if body.echo else [])   # after generate: it has checked the token ids
     return await _respond(svc, gen, _format("completion", lm, body, echo, len(prompts)))

@@ -1,4 +1,4 @@
-"""POST /v1/responses: OpenAI's Responses API (server/openai/responses.py shapes it). Generation
+"""POST /v1/responses: OpenAI's Responses API (server/openai/responses_api.py shapes it). Generation
 is the same service path as chat completions, `prompt_cache_key` keeping a session on the
 replica that holds its cache; streamed, the text goes out as it comes, except what may start a
 call (tools), and each call goes out as its item once it is complete. Hosted tools left out of
@@ -17,7 +17,7 @@ from server.chat.answer import constrain_after_thinking, thinking_mode
 from server.http.errors import APIError, error_body
 from server.http.openapi import ERROR_RESPONSES, RESPONSES_STREAMED
 from server.http.sse import EventStream, message
-from server.openai.responses import (
+from server.openai.responses_api import (
     ResponsesRequest,
     ResponseState,
     constraints,
@@ -41,8 +41,8 @@ async def create_response(body: ResponsesRequest, http: HTTPRequest):
     prompt = await svc.chat_prompt(lm, to_messages(body, use), max_tokens, http, use=use)
     thinking = thinking_mode(lm.template.thinks, prompt.opens_thinking)
     grammar = constrain_after_thinking(asked.grammar, thinking)
-    worker, req = svc.submit(lm, prompt, body, max_tokens, grammar,
-                             affinity=body.prompt_cache_key)
+    worker, req = svc.submit(lm, prompt, body.generation(
+        [prompt], max_tokens, grammar, affinity=body.prompt_cache_key, prompt_field="input"))
     headers = ({IGNORED_TOOLS_HEADER: ",".join(asked.ignored_tools)}
                if asked.ignored_tools else {})
     state = ResponseState(body, lm.name, req, use, thinking=thinking)

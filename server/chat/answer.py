@@ -7,7 +7,7 @@ either the prompt already opened the block (the template ends the generation pro
 `<think>`: `Thinking.OPEN`), or the model may open it itself as its first words
 (`Thinking.MAYBE`). The reasoning ends at `</think>`; the whitespace around it is dropped.
 What follows is the answer, where tool calls are parsed out when tools are offered
-(server/chat/tools.py `CallSplitter`).
+(server/chat/tool_calls.py `CallSplitter`).
 
 `AnswerStream.push` gives, for each piece of generated text, what can go out now: pieces of
 reasoning (`Reasoning`), pieces of text (`str`) and whole calls (`ToolCall`), holding back only
@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from engine.grammar import GrammarError, after_thinking
-from server.chat.tools import CallSplitter, ToolCall, partial_suffix
+from server.chat.tool_calls import CallSplitter, ToolCall, partial_suffix
 from server.http.errors import APIError
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"

@@ -24,8 +24,8 @@ import referencing.exceptions
 
 from engine.grammar import GrammarError, check, from_gbnf, from_json_schema, tokenizer_for
 from server.http.errors import APIError
+from server.openai.bodies import SamplingFields
 from server.openai.fields import check_keys
-from server.openai.schemas import SamplingFields
 
 _CODES = {"grammar": "invalid_grammar", "response_format": "invalid_value",
           "text.format": "invalid_value", "text.format.name": "invalid_value"}

@@ -1,6 +1,6 @@
 """A request holds the models it uses until its HTTP exchange ends.
 
-`Service.get` takes a lease on the model a request names (server/service/models.py: a model
+`Service.get` takes a lease on the model a request names (server/service/catalog.py: a model
 with leases is never unloaded) and records it in the request's ASGI scope; `ModelLeases`, an
 ASGI middleware around the app, releases the request's leases when the app has answered it,
 streamed answers included, however the exchange ended (finished, refused, failed or
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from server.service.models import Lease
+from server.service.catalog import Lease
 
 SCOPE_KEY = "pagedllama.model_leases"
 

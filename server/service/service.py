@@ -2,7 +2,7 @@
 admission control), its choices submitted to a context of its model, its events streamed or
 collected, and its end (finished, cancelled when the client leaves, or ended by a drain).
 The models (the catalogue, loaded on demand within the memory budget) are kept by
-server/service/models.py."""
+server/service/catalog.py."""
 from __future__ import annotations
 
 import asyncio
@@ -11,6 +11,7 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
+from typing import NamedTuple
 
 from fastapi import Request as HTTPRequest
 
@@ -26,13 +27,13 @@ from engine import (
 )
 from engine.logprobs import TokenLogprob
 from scheduler import FinishReason
-from server.chat.tools import ToolUse, prompt_input
+from server.chat.tool_calls import ToolUse, prompt_input
 from server.config import Settings
 from server.http.errors import APIError
-from server.openai.schemas import SamplingFields
+from server.service.catalog import LoadedModel, Models
 from server.service.leases import hold
-from server.service.models import LoadedModel, Models
 from server.service.prompts import PromptPool
+from server.service.request import GenerationRequest
 from server.service.routing import Affinity
 
 log = logging.getLogger("pagedllama.request")
@@ -50,7 +51,11 @@ class Outcome(StrEnum):
     ERROR = "error"                  # the engine failed it
 
 
-Part = tuple[Worker, Request]   # one prompt's first choice (its forks: the other n - 1) and worker
+class Part(NamedTuple):
+    """One prompt of a request: the context (worker) it runs on and its first choice (the other
+    n - 1 are its forks, `req.group`)."""
+    worker: Worker
+    req: Request
 
 
 @dataclass
@@ -66,11 +71,11 @@ class Generation:
     @property
     def reqs(self) -> list[Request]:
         """The first choice of each prompt (usage counts their forks too)."""
-        return [req for _, req in self.parts]
+        return [part.req for part in self.parts]
 
     def prompt_logprobs(self, index: int, n: int):
         """The prompt logprobs of choice `index` (its prompt's first choice computed them)."""
-        return self.parts[index // n][1].state.prompt_logprobs
+        return self.parts[index // n].req.state.prompt_logprobs
 
 
 @dataclass
@@ -116,7 +121,7 @@ def choice_seed(seed: int | None, i: int) -> int | None:
 class Live:
     """An HTTP request's engine requests (every choice of every prompt: forks too) handed to
     workers and not yet answered (what a drain ends)."""
-    choices: list[tuple[Worker, Request]]
+    choices: list[Part]
     finished: set[int] = field(default_factory=set)   # choice indices whose last event came
 
 
@@ -259,23 +264,19 @@ class Service:
                            headers={"Retry-After": "1"})
 
     # ---- one request --------------------------------------------------------------------------
-    def generate(self, lm: LoadedModel, prompts: list[list[int]], body: SamplingFields,
-                 max_tokens: int | None, http: HTTPRequest,
-                 grammar: str | None = None, *, affinity: str | None = None) -> Generation:
-        """Validate and submit one request (body.n choices of each prompt; choice j of prompt i
-        has index i * n + j); the stable entry point for every API surface. `grammar` (an
-        llguidance grammar, see server/openai/structured.py) constrains the output token by
-        token; `affinity` (a session's key) keeps a session on the replica that served it."""
+    def generate(self, lm: LoadedModel, request: GenerationRequest,
+                 http: HTTPRequest) -> Generation:
+        """Validate and submit one request (its n choices of each prompt); the entry point for
+        every API surface."""
         parts: list[Part] = []
         try:
-            for i, prompt in enumerate(prompts):
-                queue = parts[0][1].queue if parts else None
-                parts.append(self.submit(lm, prompt, body, max_tokens, grammar,
-                                         index=i * body.n, queue=queue, affinity=affinity))
+            for i, prompt in enumerate(request.prompts):
+                queue = parts[0].req.queue if parts else None
+                parts.append(self.submit(lm, prompt, request, index=i * request.n, queue=queue))
         except APIError:
-            for worker, req in parts:
-                for r in req.group:
-                    worker.cancel(r)
+            for part in parts:
+                for r in part.req.group:
+                    part.worker.cancel(r)
             raise
         return Generation(lm, parts, http)
 
@@ -288,8 +289,9 @@ class Service:
         """Run a request to its end, not streamed: per choice its whole text, finish reason and
         logprobs (when asked). Raises APIError 500 on an engine error, 503 when a drain ended
         it, and 499 if the client went away."""
-        n = len(gen.parts[0][1].group)
-        out = {r.index: Collected("", None, [], r.index) for _, req in gen.parts for r in req.group}
+        n = len(gen.parts[0].req.group)
+        out = {r.index: Collected("", None, [], r.index) for part in gen.parts
+               for r in part.req.group}
         texts: dict[int, list[str]] = {i: [] for i in out}
         async for event in self.group_events(gen.parts, gen.http, poll_disconnect=True):
             if event.error:   # 500 engine_error, or 503 when a drain ended it
@@ -306,46 +308,43 @@ class Service:
             c.prompt_logprobs = gen.prompt_logprobs(i, n)
         return [out[i] for i in sorted(out)]
 
-    def submit(self, lm: LoadedModel, prompt: list[int], body: SamplingFields,
-               max_tokens: int | None, grammar: str | None = None, *, index: int = 0,
-               queue: asyncio.Queue | None = None,
-               affinity: str | None = None) -> tuple[Worker, Request]:
-        """Submit body.n choices of one prompt: the first, and n - 1 forks of it. A max_tokens
-        beyond the context left after the prompt is capped there (as llama-server and Ollama
-        do: agents ask for 32,000 whatever the model); the answer then ends with the context,
-        finish reason "length". A prompt that alone leaves no room is a 400."""
+    def submit(self, lm: LoadedModel, prompt: list[int], request: GenerationRequest, *,
+               index: int = 0, queue: asyncio.Queue | None = None) -> Part:
+        """Submit request.n choices of one prompt: the first, and n - 1 forks of it. A
+        max_tokens beyond the context left after the prompt is capped there (as llama-server and
+        Ollama do: agents ask for 32,000 whatever the model); the answer then ends with the
+        context, finish reason "length". A prompt that alone leaves no room is a 400."""
+        where = request.blame.prompt
         if not prompt:
-            raise APIError(400, "the prompt is empty", "empty_prompt", "prompt")
+            raise APIError(400, "the prompt is empty", "empty_prompt", where)
         if any(t < 0 or t >= lm.model.n_vocab for t in prompt):
             raise APIError(400, f"prompt token ids must be in [0, {lm.model.n_vocab})",
-                           "invalid_token", "prompt")
+                           "invalid_token", where)
         limit = lm.max_seq_len
         if len(prompt) + 1 > limit:
-            where = ("messages" if hasattr(body, "messages")
-                     else "input" if hasattr(body, "input") else "prompt")
             raise APIError(400, f"This model's maximum context length is {limit} tokens. However, "
                            f"the prompt has {len(prompt)} tokens, which leaves no room for the "
                            "completion. Please reduce the prompt.", "context_length_exceeded",
                            where)
+        max_tokens = request.max_tokens
         if self.settings.max_output is not None:    # PAGEDLLAMA_MAX_OUTPUT
             cap = self.settings.max_output
             max_tokens = cap if max_tokens is None else min(max_tokens, cap)
         if max_tokens is not None:
             max_tokens = min(max_tokens, limit - len(prompt))
         self._refuse_when_closing()
-        params = self._sampling(lm, body, max_tokens)
-        params.grammar = grammar
-        worker = self.routes.pick(lm.workers, prompt, affinity)
-        req = Request(prompt, params, body.priority, body.timeout, index=index)
+        params = self._sampling(lm, request, max_tokens)
+        worker = self.routes.pick(lm.workers, prompt, request.affinity)
+        req = Request(prompt, params, request.priority, request.deadline, index=index)
         req.forks = [Request(prompt, replace(params, seed=choice_seed(params.seed, j)),
-                             body.priority, body.timeout, index=index + j)
-                     for j in range(1, body.n)]
+                             request.priority, request.deadline, index=index + j)
+                     for j in range(1, request.n)]
         try:
             worker.submit(req, queue)
         except QueueFull as exc:
             raise APIError(429, f"The server is overloaded ({exc}); retry shortly.",
                            "rate_limit_exceeded", headers={"Retry-After": "1"}) from exc
-        return worker, req
+        return Part(worker, req)
 
     def _refuse_when_closing(self) -> None:
         if self.closing:
@@ -370,49 +369,43 @@ class Service:
                                          error_kind=ErrorKind.SHUTDOWN, index=r.index))
                 worker.cancel(r)
 
-    def _sampling(self, lm: LoadedModel, body: SamplingFields,
+    def _sampling(self, lm: LoadedModel, request: GenerationRequest,
                   max_tokens: int | None) -> SamplingParams:
-        d = lm.spec.defaults
+        d, asked = lm.spec.defaults, request.sampling
 
         def pick(name: str, fallback):
-            value = getattr(body, name)
+            value = getattr(asked, name)
             return value if value is not None else d.get(name, fallback)
 
-        top_k = pick("top_k", 0)
         return SamplingParams(
             max_tokens=max_tokens, temperature=pick("temperature", 1.0),
-            top_k=max(0, top_k), top_p=pick("top_p", 1.0), min_p=pick("min_p", 0.0),
-            seed=generator_seed(body.seed), repetition_penalty=pick("repetition_penalty", 1.0),
+            top_k=max(0, pick("top_k", 0)), top_p=pick("top_p", 1.0), min_p=pick("min_p", 0.0),
+            seed=generator_seed(asked.seed), repetition_penalty=pick("repetition_penalty", 1.0),
             presence_penalty=pick("presence_penalty", 0.0),
             frequency_penalty=pick("frequency_penalty", 0.0),
-            stop=body.stop_list(), ignore_eos=body.ignore_eos,
-            logit_bias=self._logit_bias(lm, body.logit_bias), logprobs=self._logprobs(body),
-            prompt_logprobs=getattr(body, "echo", False) and body.logprobs_k() is not None)
+            stop=list(asked.stop), ignore_eos=asked.ignore_eos,
+            logit_bias=self._logit_bias(lm, asked.logit_bias, request.blame.logit_bias),
+            logprobs=asked.logprobs, prompt_logprobs=asked.prompt_logprobs,
+            grammar=request.grammar)
 
     @staticmethod
-    def _logprobs(body: SamplingFields) -> int | None:
-        try:
-            return body.logprobs_k()
-        except ValueError as exc:
-            raise APIError(400, str(exc), "invalid_value", "top_logprobs") from exc
-
-    @staticmethod
-    def _logit_bias(lm: LoadedModel, bias: dict[str, float] | None) -> dict[int, float]:
+    def _logit_bias(lm: LoadedModel, bias: dict[str, float] | None,
+                    where: str) -> dict[int, float]:
         out = {}
         for key, value in (bias or {}).items():
             if not key.lstrip("-").isdigit() or not 0 <= int(key) < lm.model.n_vocab:
                 raise APIError(400, f"logit_bias key {key!r} is not a token id of this model "
-                               f"(0 to {lm.model.n_vocab - 1})", "invalid_value", "logit_bias")
+                               f"(0 to {lm.model.n_vocab - 1})", "invalid_value", where)
             if not -100 <= value <= 100:
                 raise APIError(400, f"logit_bias value for {key} must be in [-100, 100]",
-                               "invalid_value", "logit_bias")
+                               "invalid_value", where)
             out[int(key)] = float(value)
         return out
 
     async def events(self, worker: Worker, req: Request, http: HTTPRequest,
                      poll_disconnect: bool = False) -> AsyncIterator[Event]:
         """The request's events until it finishes."""
-        async for event in self.group_events([(worker, req)], http, poll_disconnect):
+        async for event in self.group_events([Part(worker, req)], http, poll_disconnect):
             yield event
 
     async def group_events(self, parts: list[Part], http: HTTPRequest,
@@ -421,8 +414,8 @@ class Service:
         has finished. Leaving early (the client went away, or the stream was cancelled) cancels
         them all in the engine, which frees their KV."""
         outcome, next_check = Outcome.OK, time.monotonic() + 0.5
-        choices = [(worker, r) for worker, req in parts for r in req.group]
-        queue = parts[0][1].queue
+        choices = [Part(worker, r) for worker, req in parts for r in req.group]
+        queue = parts[0].req.queue
         live = Live(choices)
         self.live.add(live)
         if self.closing:          # submitted just before a drain ended everything

@@ -1,4 +1,4 @@
-"""An answer told apart as it streams (server/chat/answer.py, server/chat/tools.py): text goes out
+"""An answer told apart as it streams (server/chat/answer.py, server/chat/tool_calls.py): text goes out
 at once, only what may start a tag is held, and streaming a text in any pieces gives what the
 whole text gives."""
 import json
@@ -6,7 +6,7 @@ import json
 import pytest
 
 from server.chat.answer import AnswerStream, Reasoning, Thinking, split_answer
-from server.chat.tools import CallSplitter, ToolCall, parse_tool_calls
+from server.chat.tool_calls import CallSplitter, ToolCall, parse_tool_calls
 
 CALL = '<tool_call>{"name": "f", "arguments": {"a": 1}}</tool_call>'
 

@@ -1,6 +1,6 @@
 """Anthropic's Messages API without a server: a request's messages as chat messages
 (server/anthropic/convert.py), and answers as blocks, stop reasons, usage and stream events
-(server/anthropic/format.py)."""
+(server/anthropic/message_shape.py)."""
 import json
 from types import SimpleNamespace
 
@@ -8,10 +8,10 @@ import pytest
 
 from scheduler import FinishReason
 from server.anthropic.convert import to_chat, tools_of
-from server.anthropic.format import MessageShape, stop_reason, usage
-from server.anthropic.schemas import MessagesRequest
+from server.anthropic.message_shape import MessageShape, stop_reason, usage
+from server.anthropic.messages_body import MessagesRequest
 from server.chat.answer import Reasoning
-from server.chat.tools import ToolCall
+from server.chat.tool_calls import ToolCall
 from server.http.errors import APIError, anthropic_error
 
 WEATHER = {"name": "get_weather", "input_schema": {"type": "object", "properties": {

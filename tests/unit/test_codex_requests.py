@@ -17,7 +17,7 @@ from server.chat.answer import Thinking
 from server.http import errors
 from server.http.errors import APIError
 from server.openai import sealing
-from server.openai.responses import (
+from server.openai.responses_api import (
     ResponsesRequest,
     ResponseState,
     constraints,
@@ -383,8 +383,9 @@ class _Service:
     async def chat_prompt(self, lm, messages, max_tokens, http, use=None):
         return type("P", (), {"opens_thinking": False})()
 
-    def submit(self, lm, prompt, body, max_tokens, grammar, affinity=None):
-        self.submitted = {"affinity": affinity, "grammar": grammar}
+    def submit(self, lm, prompt, request):
+        self.submitted = {"affinity": request.affinity, "grammar": request.grammar,
+                          "blame": request.blame.prompt}
         return None, _Req()
 
     async def events(self, worker, req, http, poll_disconnect=False):

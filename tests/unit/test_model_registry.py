@@ -1,4 +1,4 @@
-"""The catalogue's load and unload policy (server/service/models.py) with fake loads: the budget,
+"""The catalogue's load and unload policy (server/service/catalog.py) with fake loads: the budget,
 least recently used idle models unloaded first, leases, keep_alive, pins, one load for many
 waiters, failures. The real loads are in tests/test_models_on_demand.py."""
 import asyncio
@@ -12,7 +12,7 @@ from engine import EngineConfig
 from engine.memory import MemoryEstimate
 from server.config import ModelSpec, Settings
 from server.http.errors import APIError
-from server.service.models import Entry, Models, State
+from server.service.catalog import Entry, Models, State
 
 MB = 1_000_000
 

@@ -70,14 +70,14 @@ def test_a_missing_model_file_stops_the_server_naming_it(tmp_path):
     (300, 300.0), (1.5, 1.5), ("45", 45.0), ("45s", 45.0), ("5m", 300.0), ("1h30m", 5400.0),
     ("500ms", 0.5), ("-1", -1.0), (-5, -1.0), ("-1m", -1.0), (0, 0.0)])
 def test_keep_alive_takes_seconds_or_ollamas_durations(text, seconds):
-    from server.config import parse_keep_alive
+    from server.durations import parse_keep_alive
     assert parse_keep_alive(text, "k") == seconds
 
 
 @pytest.mark.parametrize("bad", ["soon", "5 minutes", "5m3", "1h-30m", "", True, None, [5],
                                  float("nan"), 10**400, "inf"])
 def test_a_keep_alive_that_is_not_a_duration_is_refused(bad):
-    from server.config import parse_keep_alive
+    from server.durations import parse_keep_alive
     with pytest.raises(ValueError, match="^k: "):
         parse_keep_alive(bad, "k")
 

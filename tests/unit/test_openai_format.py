@@ -1,10 +1,10 @@
-"""OpenAI response shaping (server/openai/format.py), with a stand-in engine request."""
+"""OpenAI response shaping (server/openai/completion_format.py), with a stand-in engine request."""
 import json
 from types import SimpleNamespace
 
 from engine.logprobs import TokenLogprob
 from scheduler import FinishReason
-from server.openai.format import OpenAIFormat, usage
+from server.openai.completion_format import OpenAIFormat, usage
 from server.service.service import Collected
 
 REQ = SimpleNamespace(prompt=[1, 2, 3], num_output=4, num_cached=0)

@@ -8,7 +8,7 @@ from openai.types.responses import Response, ResponseStreamEvent
 
 from scheduler import FinishReason
 from server.http.errors import APIError
-from server.openai.responses import (
+from server.openai.responses_api import (
     ResponsesRequest,
     ResponseState,
     constraints,
@@ -16,7 +16,7 @@ from server.openai.responses import (
     reject_unsupported,
     to_messages,
 )
-from server.openai.tools import parse_tools, render_messages
+from server.openai.tool_fields import parse_tools, render_messages
 from tests.grammar_bytes import accepts
 
 WEATHER = {"type": "function", "name": "weather", "description": "Weather in a city",

@@ -6,8 +6,8 @@ from pydantic import ValidationError
 
 from server.api.embeddings import EmbeddingRequest
 from server.api.models import DetokenizeRequest, TokenizeRequest
-from server.openai.responses import ResponsesRequest
-from server.openai.schemas import ChatCompletionRequest, CompletionRequest, find_lone_surrogate
+from server.openai.bodies import ChatCompletionRequest, CompletionRequest, find_lone_surrogate
+from server.openai.responses_api import ResponsesRequest
 
 
 def completion(**fields):

@@ -5,7 +5,7 @@ import json
 from sse_starlette.event import ServerSentEvent
 
 from server.http.sse import EventStream, json_data, message
-from server.openai.format import OpenAIFormat
+from server.openai.completion_format import OpenAIFormat
 
 
 def test_a_message_is_what_sse_starlettes_encoder_writes():

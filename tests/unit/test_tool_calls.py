@@ -4,7 +4,7 @@ import json
 import pytest
 
 from server.http.errors import APIError
-from server.openai.tools import calls_grammar, parse_tool_calls, parse_tools, render_messages
+from server.openai.tool_fields import calls_grammar, parse_tool_calls, parse_tools, render_messages
 from tests.grammar_bytes import accepts
 
 WEATHER = {"type": "function", "function": {"name": "weather", "description": "Weather in a city",

@@ -4,7 +4,7 @@ import re
 
 from engine.chat import ChatTemplate
 from engine.gguf_info import gguf_chat_template
-from server.openai.tools import parse_tool_calls, parse_tools, prompt_input
+from server.openai.tool_fields import parse_tool_calls, parse_tools, prompt_input
 from tests.grammar_bytes import accepts
 from tests.server_proc import GEMMA3, SMOLLM2
 

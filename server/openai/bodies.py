@@ -4,7 +4,7 @@ Numbers and booleans are strict: `"max_tokens": true`, `"max_tokens": "16"`, `"p
 and non-finite floats (`1e400`, `NaN`) are 400s, not coerced. Every string anywhere in a body
 must be valid Unicode: a lone surrogate (`"\\ud800"`, which JSON allows) cannot be encoded to
 UTF-8 for the tokenizer or echoed back, so it is a 400 naming where it was found. Every request
-body (here, and in server/openai/responses.py, server/api/embeddings.py, server/api/models.py)
+body (here, and in server/openai/responses_api.py, server/api/embeddings.py, server/api/models.py)
 derives
 from `Body`, which makes that check.
 """
@@ -17,7 +17,9 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-from server.config import parse_keep_alive
+from server.durations import parse_keep_alive
+from server.http.errors import APIError
+from server.service.request import Blame, GenerationRequest, Sampling
 
 INT32_MAX = 2**31 - 1
 INT64_MAX = 2**63 - 1
@@ -131,6 +133,26 @@ class SamplingFields(Body):
             return []
         return [self.stop] if isinstance(self.stop, str) else list(self.stop)
 
+    def sampling(self) -> Sampling:
+        """The sampling values the service takes (a 400 for logprobs asked for wrongly)."""
+        try:
+            k = self.logprobs_k()
+        except ValueError as exc:
+            raise APIError(400, str(exc), "invalid_value", "top_logprobs") from exc
+        return Sampling(
+            temperature=self.temperature, top_k=self.top_k, top_p=self.top_p, min_p=self.min_p,
+            seed=self.seed, repetition_penalty=self.repetition_penalty,
+            presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
+            stop=tuple(self.stop_list()), ignore_eos=self.ignore_eos, logit_bias=self.logit_bias,
+            logprobs=k, prompt_logprobs=bool(getattr(self, "echo", False)) and k is not None)
+
+    def generation(self, prompts: list[list[int]], max_tokens: int | None,
+                   grammar: str | None = None, *, affinity: str | None = None,
+                   prompt_field: str = "prompt") -> GenerationRequest:
+        """This body as the service's request: `prompt_field` is what a prompt error names."""
+        return GenerationRequest(prompts, self.sampling(), max_tokens, self.n, self.priority,
+                                 self.timeout, grammar, affinity, Blame(prompt=prompt_field))
+
 
 class StreamOptions(BaseModel):
     # unknown options are kept so that server/openai/fields.py can refuse them by name
@@ -209,7 +231,7 @@ class ChatCompletionRequest(SamplingFields):
     max_completion_tokens: Int | None = Field(None, ge=1, le=INT32_MAX)
     logprobs: Bool | None = None
     top_logprobs: Int | None = Field(None, ge=0, le=20)
-    tools: list[Any] | None = None          # server/openai/tools.py checks each one
+    tools: list[Any] | None = None          # server/openai/tool_fields.py checks each one
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: Bool | None = None
     # vLLM's assistant prefill: continue the last (assistant) message instead of a new turn

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from engine import Request
 from scheduler import FinishReason
 from server.chat.answer import Piece, Reasoning
-from server.chat.tools import CLOSE, OPEN, Function, ToolCall
+from server.chat.tool_calls import CLOSE, OPEN, Function, ToolCall
 from server.http.errors import anthropic_error
 from server.http.sse import json_data, message
 from server.openai.structured import validate_arguments

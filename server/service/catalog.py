@@ -84,7 +84,7 @@ class LoadedModel:
 
     @property
     def tool_format(self) -> str | None:
-        """How tools reach the prompt (server/chat/tools.py): "template" when the chat template
+        """How tools reach the prompt (server/chat/tool_calls.py): "template" when the chat template
         renders them itself, "fallback" when they are described in the system message."""
         if self.template is None:
             return None

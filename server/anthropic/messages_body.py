@@ -13,7 +13,7 @@ from typing import Any
 from pydantic import ConfigDict, Field
 
 from server.http.errors import APIError
-from server.openai.schemas import INT32_MAX, INT64_MAX, Body, Bool, Float, Int, KeepAlive
+from server.openai.bodies import INT32_MAX, INT64_MAX, Body, Bool, Float, Int, KeepAlive
 
 # Accepted and ignored: they label or route a request, or mark what to cache (our prefix cache
 # takes every prompt by itself), and never change its tokens. (`metadata.user_id` also names

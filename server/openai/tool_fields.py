@@ -1,13 +1,13 @@
 """OpenAI's tool fields: `tools` and `tool_choice` as chat completions send them (`{"type":
 "function", "function": {...}}`) and as the Responses API sends them (flat), checked and turned
 into the request's ToolUse. The tool-call machinery itself (the prompt side, the grammar of forced
-calls, calls read back out of the text) is server/chat/tools.py, shared by every API.
+calls, calls read back out of the text) is server/chat/tool_calls.py, shared by every API.
 
 A function's parameters schema is compiled to a grammar: a `strict` one must be enforceable
 whole (else a 400 naming it); one that is not strict may use keywords the grammar cannot enforce
 (`propertyNames`, …): the model sees the whole schema, a forced call is held to the rest
 (`Function.enforced`), and on /v1/responses every call is checked against the whole schema once
-written (server/openai/responses.py `checked_pieces`).
+written (server/openai/responses_api.py `checked_pieces`).
 
 The Responses API's tools besides `function`:
 - `namespace` (`{"type": "namespace", "name", "description", "tools": [function and custom
@@ -28,7 +28,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from server.chat.tools import (  # noqa: F401
+from server.chat.tool_calls import (  # noqa: F401
     CLOSE,
     OPEN,
     CallSplitter,

@@ -6,7 +6,7 @@ outputs, and `reasoning` items) and `instructions` become chat messages (develop
 become system ones; calls and their outputs become assistant `tool_calls` and `tool` messages; a
 reasoning item, the reasoning of the assistant turn it starts). `text.format` (`json_object`,
 `json_schema`) constrains the output with the grammar chat's `response_format` uses; `tools` and
-`tool_choice` work as in chat, in the Responses shapes (server/openai/tools.py: functions,
+`tool_choice` work as in chat, in the Responses shapes (server/openai/tool_fields.py: functions,
 namespaces, custom tools; hosted tools are left out of the prompt and named), and each call
 comes back as a `function_call` item (with its `namespace`) or a `custom_tool_call` item. A call
 whose arguments break its tool's schema stays text, as one whose JSON does not parse does.
@@ -40,14 +40,14 @@ from pydantic import ConfigDict, Field
 from engine import Request
 from scheduler import FinishReason
 from server.chat.answer import Answer, AnswerStream, Piece, Reasoning, Thinking
-from server.chat.tools import CLOSE, OPEN, ToolCall, ToolUse
+from server.chat.tool_calls import CLOSE, OPEN, ToolCall, ToolUse
 from server.http.errors import APIError
 from server.http.sse import json_data, message
 from server.openai import sealing
+from server.openai.bodies import INT32_MAX, Bool, Int, SamplingFields
 from server.openai.fields import check_keys, check_stream_options
-from server.openai.schemas import INT32_MAX, Bool, Int, SamplingFields
 from server.openai.structured import text_format_grammar, validate_arguments
-from server.openai.tools import ClientTool, model_name, responses_tools, tool_named
+from server.openai.tool_fields import ClientTool, model_name, responses_tools, tool_named
 
 _TEXT_PARTS = {"input_text", "output_text", "text"}
 _CHAT_ONLY = ("response_format", "json_schema", "grammar")
@@ -69,7 +69,7 @@ class ResponsesRequest(SamplingFields):
     previous_response_id: str | None = None
     background: Bool | None = None
     text: dict[str, Any] | None = None
-    tools: list[Any] | None = None            # server/openai/tools.py checks each one
+    tools: list[Any] | None = None            # server/openai/tool_fields.py checks each one
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: Bool | None = None
     metadata: dict[str, Any] | None = None

@@ -17,7 +17,7 @@ from engine import Request
 from engine.logprobs import TokenLogprob
 from scheduler import FinishReason
 from server.chat.answer import AnswerStream, Reasoning, Thinking, split_answer
-from server.chat.tools import ToolCall
+from server.chat.tool_calls import ToolCall
 from server.http.sse import json_data, message
 
 Kind = Literal["chat", "completion"]
