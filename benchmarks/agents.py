@@ -81,6 +81,23 @@ class Recorder:
     agent: str = ""
     turn: int = 0
     exchanges: list[Exchange] = field(default_factory=list)
+    max_tokens: int | None = None   # bodies forwarded with at most this many output tokens
+
+
+LIMITS = ("max_tokens", "max_output_tokens", "max_completion_tokens")
+
+
+def capped(body: dict, limit: int | None) -> dict:
+    """The body with its output limit at most `limit` (set where it asks for none): for a server
+    that does not bound what a request asks (llama-server lets a request's max_tokens win over
+    its own -n), so that both servers of a comparison compute the same answers' lengths."""
+    if limit is None:
+        return body
+    out = {k: (min(v, limit) if k in LIMITS and isinstance(v, int) else v)
+           for k, v in body.items()}
+    if not any(k in out for k in LIMITS):
+        out["max_output_tokens" if "input" in out else "max_tokens"] = limit
+    return out
 
 
 def _usage(event: dict, ex: Exchange) -> None:
@@ -129,6 +146,8 @@ def proxy_app(rec: Recorder) -> FastAPI:
                                        "session_id", "user-agent"))}
         rec.exchanges.append(ex)
         headers = {k: v for k, v in http.headers.items() if k not in ("host", "content-length")}
+        if rec.max_tokens is not None and isinstance(ex.body, dict) and http.method == "POST":
+            raw = json.dumps(capped(ex.body, rec.max_tokens)).encode()
         t0 = time.monotonic()
         req = client.build_request(http.method, "/" + path, params=http.query_params,
                                    content=raw, headers=headers)
@@ -362,6 +381,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="the most tokens an answer may have, set on the servers this starts "
                     "(PAGEDLLAMA_MAX_OUTPUT, llama-server's -n): a small model rarely stops "
                     "by itself; 0: none")
+    ap.add_argument("--cap-requests", action="store_true",
+                    help="the proxy also lowers each request's own output limit to --max-output "
+                    "(for llama-server, where a request's max_tokens wins over its -n; applied "
+                    "to every server of the run, so that they compute the same)")
     ap.add_argument("--record", type=Path, help="write the request bodies here as fixtures")
     ap.add_argument("--json", type=Path, help="write the summary here")
     args = ap.parse_args(argv)
@@ -378,7 +401,8 @@ def main(argv: list[str] | None = None) -> int:
         with ExitStack() as stack:
             url = args.url or stack.enter_context(_launch(server, args, ap))
             model = httpx.get(f"{url}/v1/models").json()["data"][0]["id"]
-            rec = Recorder(url)
+            rec = Recorder(url, max_tokens=(args.max_output or None) if args.cap_requests
+                           else None)
             base = stack.enter_context(Proxy(rec))
             turns: list[TurnResult] = []
             for agent in agents:

@@ -29,10 +29,9 @@ from dataclasses import dataclass, field
 from engine import Request
 from scheduler import FinishReason
 from server.chat.answer import Piece, Reasoning
-from server.chat.tool_calls import CLOSE, OPEN, Function, ToolCall
+from server.chat.tool_calls import CLOSE, OPEN, Function, ToolCall, breaks_schema
 from server.http.errors import anthropic_error
 from server.http.sse import json_data, message
-from server.openai.structured import validate_arguments
 
 
 def new_message_id() -> str:
@@ -101,7 +100,7 @@ class MessageShape:
         for piece in pieces:
             if isinstance(piece, ToolCall):
                 arguments = _input(piece)
-                if arguments is None or self._breaks_schema(piece):
+                if arguments is None or breaks_schema(piece, self.tools):
                     out += self._text("text", _markup(piece))
                     continue
                 out += self._close()
@@ -120,10 +119,6 @@ class MessageShape:
             else:
                 out += self._text("text", piece)
         return out
-
-    def _breaks_schema(self, call: ToolCall) -> bool:
-        schema = next((f.parameters for f in self.tools if f.name == call.name), None)
-        return schema is not None and validate_arguments(schema, call.arguments) is not None
 
     def _text(self, kind: str, text: str) -> list[bytes]:
         out: list[bytes] = []

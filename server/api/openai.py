@@ -74,6 +74,7 @@ async def chat_completions(body: ChatCompletionRequest, http: HTTPRequest):
                                            affinity=cache_key(body), prompt_field="messages"),
                        http)
     fmt = _format("chat", lm, body, tools=use.active)
+    fmt.functions = use.functions
     fmt.thinking = thinking
     return await _respond(svc, gen, fmt)
 

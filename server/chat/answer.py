@@ -20,7 +20,14 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from engine.grammar import GrammarError, after_thinking
-from server.chat.tool_calls import CallSplitter, ToolCall, partial_suffix
+from server.chat.tool_calls import (
+    CallSplitter,
+    Function,
+    ToolCall,
+    as_written,
+    breaks_schema,
+    partial_suffix,
+)
 from server.http.errors import APIError
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
@@ -172,3 +179,11 @@ def split_answer(text: str, tools: bool = False, thinking: Thinking | None = Non
     answer.add(stream.push(text))
     answer.add(stream.end())
     return answer
+
+
+def checked_pieces(pieces: list[Piece], functions: list[Function]) -> list[Piece]:
+    """The pieces with each call whose arguments break its function's schema turned back into
+    the text the model wrote, as a call whose JSON does not parse stays text (every API reports
+    such a call the same way)."""
+    return [as_written(p) if isinstance(p, ToolCall) and breaks_schema(p, functions) else p
+            for p in pieces]

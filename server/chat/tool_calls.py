@@ -20,6 +20,9 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+import jsonschema
+import referencing.exceptions
+
 from engine.grammar import GrammarError, check, closed, from_lark, json_value_lark
 from server.http.errors import APIError
 
@@ -260,3 +263,33 @@ def _call(body: str) -> ToolCall | None:
         return None
     args = data.get("arguments", {})
     return ToolCall(data["name"], args if isinstance(args, str) else json.dumps(args))
+
+
+def validate_arguments(schema: dict, arguments_json: str) -> str | None:
+    """None when these arguments (JSON text) are valid under the schema, else the first
+    violation's message (where it is, what is wrong)."""
+    try:
+        value = json.loads(arguments_json)
+    except (TypeError, ValueError):
+        return "the arguments are not JSON"
+    try:
+        validator = jsonschema.validators.validator_for(schema)(schema)
+        error = jsonschema.exceptions.best_match(validator.iter_errors(value))
+    except (jsonschema.SchemaError, referencing.exceptions.Unresolvable):
+        return None   # a schema the check cannot run: compile_schema has accepted it
+    if error is None:
+        return None
+    where = "/".join(str(p) for p in error.absolute_path)
+    return f"{where}: {error.message}" if where else error.message
+
+
+def breaks_schema(call: ToolCall, functions: list[Function]) -> bool:
+    """Whether a call's arguments break its function's schema (a call not held to it by a
+    grammar, or held only to what of it a grammar can enforce)."""
+    fn = next((f for f in functions if f.name == call.name), None)
+    return fn is not None and validate_arguments(fn.parameters, call.arguments) is not None
+
+
+def as_written(call: ToolCall) -> str:
+    """A call as the text the model wrote: what a call that is not one becomes."""
+    return f'{OPEN}{{"name": {json.dumps(call.name)}, "arguments": {call.arguments}}}{CLOSE}'

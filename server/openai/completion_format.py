@@ -16,8 +16,8 @@ from typing import Literal, Protocol
 from engine import Request
 from engine.logprobs import TokenLogprob
 from scheduler import FinishReason
-from server.chat.answer import AnswerStream, Reasoning, Thinking, split_answer
-from server.chat.tool_calls import ToolCall
+from server.chat.answer import Answer, AnswerStream, Reasoning, Thinking, checked_pieces
+from server.chat.tool_calls import Function, ToolCall
 from server.http.sse import json_data, message
 
 Kind = Literal["chat", "completion"]
@@ -72,6 +72,7 @@ class OpenAIFormat:
     include_usage: bool = False
     echo: list[str] = field(default_factory=list)   # completions: per prompt, its text to
     tools: bool = False                # chat with tools: calls are parsed out of the text
+    functions: list[Function] = field(default_factory=list)   # a call breaking its schema: text
     n: int = 1                         # choices per prompt
     num_choices: int = 1               # n times the number of prompts
     continuous_usage: bool = False     # stream_options.continuous_usage_stats: usage per chunk
@@ -127,7 +128,8 @@ class OpenAIFormat:
     def _message(self, text: str, finish: FinishReason) -> tuple[dict, str | None]:
         if not self.splits:
             return {"role": "assistant", "content": text}, openai_finish(finish)
-        answer = split_answer(text, self.tools, self.thinking)
+        stream, answer = AnswerStream(self.tools, self.thinking), Answer()
+        answer.add(checked_pieces(stream.push(text) + stream.end(), self.functions))
         message = {"role": "assistant", "content": answer.text or None if answer.calls
                    else answer.text}
         if self.thinking is not None:
@@ -225,7 +227,7 @@ class OpenAIFormat:
     def _pieces(self, pieces: list, index: int, logprobs: list[TokenLogprob] | None) -> list[bytes]:
         chunks = []
         lps = chat_logprobs(logprobs) if logprobs else None
-        for piece in pieces:
+        for piece in checked_pieces(pieces, self.functions):
             if isinstance(piece, ToolCall):
                 i = self._calls.get(index, 0)
                 self._calls[index] = i + 1

@@ -39,14 +39,14 @@ from pydantic import ConfigDict, Field
 
 from engine import Request
 from scheduler import FinishReason
-from server.chat.answer import Answer, AnswerStream, Piece, Reasoning, Thinking
-from server.chat.tool_calls import CLOSE, OPEN, ToolCall, ToolUse
+from server.chat.answer import Answer, AnswerStream, Reasoning, Thinking, checked_pieces
+from server.chat.tool_calls import ToolCall, ToolUse
 from server.http.errors import APIError
 from server.http.sse import json_data, message
 from server.openai import sealing
 from server.openai.bodies import INT32_MAX, Bool, Int, SamplingFields
 from server.openai.fields import check_keys, check_stream_options
-from server.openai.structured import text_format_grammar, validate_arguments
+from server.openai.structured import text_format_grammar
 from server.openai.tool_fields import ClientTool, model_name, responses_tools, tool_named
 
 _TEXT_PARTS = {"input_text", "output_text", "text"}
@@ -348,24 +348,6 @@ def new_id(prefix: str) -> str:
     return prefix + uuid.uuid4().hex
 
 
-def checked_pieces(pieces: list[Piece], use: ToolUse) -> list[Piece]:
-    """The pieces with each call whose arguments break its tool's schema (a call not held to it
-    by a grammar, or held only to what of it a grammar can enforce) turned back into the text
-    the model wrote, as a call whose JSON does not parse stays text."""
-    out: list[Piece] = []
-    for piece in pieces:
-        if isinstance(piece, ToolCall) and _breaks_schema(piece, use):
-            piece = f'{OPEN}{{"name": {json.dumps(piece.name)}, "arguments": ' \
-                    f'{piece.arguments}}}{CLOSE}'
-        out.append(piece)
-    return out
-
-
-def _breaks_schema(call: ToolCall, use: ToolUse) -> bool:
-    fn = next((f for f in use.functions if f.name == call.name), None)
-    return fn is not None and validate_arguments(fn.parameters, call.arguments) is not None
-
-
 def output_items(text: str, use: ToolUse, message_id: str, thinking: Thinking | None = None,
                  sealed: bool = False) -> list[dict]:
     """The output items of a finished answer: its reasoning (a thinking model's; `sealed`:
@@ -373,7 +355,7 @@ def output_items(text: str, use: ToolUse, message_id: str, thinking: Thinking | 
     per call (calls are parsed only when tools are active; without parallel calls, the first
     only)."""
     stream, answer = AnswerStream(use.active, thinking, not use.parallel), Answer()
-    answer.add(checked_pieces(stream.push(text) + stream.end(), use))
+    answer.add(checked_pieces(stream.push(text) + stream.end(), use.functions))
     items = [reasoning_item(new_id("rs_"), answer.reasoning, sealed)] if answer.reasoning else []
     if answer.text or not answer.calls:
         items.append(message_item(message_id, answer.text))
@@ -442,7 +424,7 @@ class ResponseState:
         self.output = [self._final(item) for item in self.items]
 
     def _pieces(self, pieces: list) -> Iterator[bytes]:
-        for piece in checked_pieces(pieces, self.use):
+        for piece in checked_pieces(pieces, self.use.functions):
             if isinstance(piece, ToolCall):
                 yield from self._close()
                 item = call_item(piece, tool=tool_named(self.use, piece.name))

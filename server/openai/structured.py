@@ -20,7 +20,6 @@ import re
 from typing import Any
 
 import jsonschema
-import referencing.exceptions
 
 from engine.grammar import GrammarError, check, from_gbnf, from_json_schema, tokenizer_for
 from server.http.errors import APIError
@@ -98,24 +97,6 @@ def enforceable_schema(schema: Any, param: str, strict: bool = True) -> dict:
     """What of this schema a grammar can hold: the schema itself, or (not `strict`) a copy
     without the keywords llguidance cannot enforce. 400s as compile_schema."""
     return _compiled(schema, param, strict)[0]
-
-
-def validate_arguments(schema: dict, arguments_json: str) -> str | None:
-    """None when these arguments (JSON text) are valid under the schema, else the first
-    violation's message (where it is, what is wrong)."""
-    try:
-        value = json.loads(arguments_json)
-    except (TypeError, ValueError):
-        return "the arguments are not JSON"
-    try:
-        validator = jsonschema.validators.validator_for(schema)(schema)
-        error = jsonschema.exceptions.best_match(validator.iter_errors(value))
-    except (jsonschema.SchemaError, referencing.exceptions.Unresolvable):
-        return None   # a schema the check cannot run: compile_schema has accepted it
-    if error is None:
-        return None
-    where = "/".join(str(p) for p in error.absolute_path)
-    return f"{where}: {error.message}" if where else error.message
 
 
 _UNIMPLEMENTED = re.compile(r"Unimplemented keys: (\[[^\]]*\])")

@@ -180,3 +180,18 @@ def test_a_streamed_text_chunk_is_the_message_the_dict_path_makes():
                         assert body["usage"]["completion_tokens"] == n
                     elif usage_mode == "last":
                         assert body["usage"] is None
+
+
+def test_a_chat_call_that_breaks_its_functions_schema_stays_text():
+    """As on /v1/responses and /v1/messages: a free call is checked against the whole schema
+    once written, and one that breaks it is not a call."""
+    from server.chat.tool_calls import Function
+    fn = Function("get_weather", "", {"type": "object", "properties": {"city": {"type": "string"}},
+                                      "required": ["city"]})
+    fmt = OpenAIFormat("chat", "m", "chatcmpl-1", 0, tools=True, functions=[fn])
+    good, _ = fmt._message('<tool_call>{"name": "get_weather", "arguments": {"city": "Oslo"}}'
+                           '</tool_call>', FinishReason.STOP)
+    bad, reason = fmt._message('<tool_call>{"name": "get_weather", "arguments": {"town": 1}}'
+                               '</tool_call>', FinishReason.STOP)
+    assert good["tool_calls"][0]["function"]["name"] == "get_weather"
+    assert "tool_calls" not in bad and '"town"' in bad["content"] and reason == "stop"

@@ -5,15 +5,11 @@ import json
 import pytest
 
 from engine.grammar import GrammarError, check, from_gbnf, from_json_schema
+from server.chat.tool_calls import validate_arguments
 from server.http.errors import APIError
 from server.openai.bodies import ChatCompletionRequest
 from server.openai.fields import UNSUPPORTED_CHAT, check_fields
-from server.openai.structured import (
-    compile_schema,
-    enforceable_schema,
-    grammar_for,
-    validate_arguments,
-)
+from server.openai.structured import compile_schema, enforceable_schema, grammar_for
 from server.openai.tool_fields import parse_tools
 from tests.grammar_bytes import accepts
 
