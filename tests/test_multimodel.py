@@ -26,6 +26,11 @@ def two_models(tmp_path_factory):
             context_size: 1024
             sequences: 4
             defaults: {{temperature: 0}}
+          - name: gemma-chat
+            path: {GEMMA3}
+            context_size: 1024
+            sequences: 2
+            chat_template: gemma
     """))
     with running_server({"PAGEDLLAMA_MODELS_FILE": str(path)}) as base:
         yield base
@@ -33,7 +38,7 @@ def two_models(tmp_path_factory):
 
 def test_models_lists_both_with_their_gguf_facts(two_models):
     data = {m["id"]: m for m in httpx.get(f"{two_models}/v1/models").json()["data"]}
-    assert set(data) == {"smol", "gemma"}
+    assert set(data) == {"smol", "gemma", "gemma-chat"}
     smol, gemma = data["smol"]["gguf"], data["gemma"]["gguf"]
     assert smol["architecture"] == "llama" and gemma["architecture"] == "gemma3"
     assert smol["quantization"] == "Q4_1" and gemma["quantization"] == "Q4_K_M"
@@ -69,6 +74,17 @@ def test_chat_to_a_model_without_a_template_is_a_clear_400(two_models):
     with pytest.raises(openai.BadRequestError) as exc:
         client.chat.completions.create(model="gemma", messages=[{"role": "user", "content": "hi"}])
     assert exc.value.body["code"] == "no_chat_template"
+
+
+def test_a_template_named_in_the_models_file_serves_chat_to_a_gguf_without_one(two_models):
+    client = OpenAI(base_url=f"{two_models}/v1", api_key="x", max_retries=0, timeout=120)
+    resp = client.chat.completions.create(model="gemma-chat", max_tokens=4, temperature=0,
+                                          messages=[{"role": "user", "content": "hi"}])
+    assert resp.choices[0].message.content is not None
+    assert resp.usage.prompt_tokens == len(httpx.post(f"{two_models}/tokenize", json={
+        "model": "gemma-chat", "content": "<start_of_turn>user\nhi<end_of_turn>\n"
+                                          "<start_of_turn>model\n", "add_special": True},
+                                          timeout=30).json()["tokens"])
 
 
 def test_replicas_split_the_cores_and_route_by_prefix():
