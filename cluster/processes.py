@@ -4,6 +4,7 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -33,6 +34,13 @@ def spawn(cmd: list[str], env: dict[str, str], log: Path | None,
     return subprocess.Popen(cmd, env=env, cwd=cwd, stdout=out,
                             stderr=subprocess.STDOUT if out else None, stdin=subprocess.DEVNULL,
                             start_new_session=True, preexec_fn=_child_setup(cores))
+
+
+def free_port() -> int:
+    """A TCP port free on the loopback interface now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def wait_http(url: str, proc: subprocess.Popen, timeout: float, what: str) -> None:

@@ -2,26 +2,19 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from cluster.processes import wait_http
+from cluster.processes import free_port, wait_http
 
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = ROOT / "models"
 SMOLLM2 = MODELS / "SmolLM2-135M-Instruct.Q4_1.gguf"
 GEMMA3 = MODELS / "gemma-3-270m-q4_k_m.gguf"
 SMOLLM2_NAME = "SmolLM2-135M-Instruct.Q4_1"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass

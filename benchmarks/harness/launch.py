@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -17,7 +16,7 @@ from pathlib import Path
 import psutil
 
 from benchmarks.harness.client import check_loopback
-from cluster.processes import wait_http
+from cluster.processes import free_port, wait_http
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_MODEL = ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -42,12 +41,6 @@ def parse_env(items: list[str]) -> dict[str, str]:
         if not name.startswith("PAGEDLLAMA_"):
             raise SystemExit(f"not a PAGEDLLAMA_NAME=VALUE setting: {name!r}")
     return env
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass

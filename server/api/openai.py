@@ -45,10 +45,7 @@ async def list_models(http: HTTPRequest) -> dict:
 
 @router.post("/chat/completions", responses=STREAMED)
 async def chat_completions(body: ChatCompletionRequest, http: HTTPRequest):
-    check_fields(body, UNSUPPORTED_CHAT)
-    svc = service(http)
-    lm = await svc.get(body.model, http, body.keep_alive)
-    _check_n(body, svc, lm)
+    svc, lm = await _model_for(body, http, UNSUPPORTED_CHAT)
     try:
         messages = [{**m.model_dump(exclude_none=True), "content": m.text()} for m in body.messages]
     except UnsupportedContent as exc:
@@ -81,10 +78,7 @@ async def chat_completions(body: ChatCompletionRequest, http: HTTPRequest):
 
 @router.post("/completions", responses=STREAMED)
 async def completions(body: CompletionRequest, http: HTTPRequest):
-    check_fields(body, UNSUPPORTED_COMPLETION)
-    svc = service(http)
-    lm = await svc.get(body.model, http, body.keep_alive)
-    _check_n(body, svc, lm)
+    svc, lm = await _model_for(body, http, UNSUPPORTED_COMPLETION)
     prompts_in = _prompt_list(body.prompt)
     if len(prompts_in) * body.n > lm.spec.engine.max_seqs + lm.spec.engine.max_queue:
         raise APIError(400, f"{len(prompts_in)} prompts x n={body.n} choices is more than this "
@@ -111,6 +105,16 @@ def _prompt_list(prompt) -> list:
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
         return list(prompt)
     return [prompt]
+
+
+async def _model_for(body: SamplingFields, http: HTTPRequest,
+                     unsupported_fields: frozenset[str]) -> tuple[Service, LoadedModel]:
+    """The body's fields checked, its model loaded (and held), its `n` within bounds."""
+    check_fields(body, unsupported_fields)
+    svc = service(http)
+    lm = await svc.get(body.model, http, body.keep_alive)
+    _check_n(body, svc, lm)
+    return svc, lm
 
 
 def _check_n(body: SamplingFields, svc: Service, lm: LoadedModel) -> None:

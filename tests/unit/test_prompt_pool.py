@@ -25,12 +25,18 @@ def blocker():
     return job, started, release
 
 
+async def occupied(pool: PromptPool):
+    """The pool busy with a 1,000-byte job until `release` is set: its future and `release`."""
+    job, started, release = blocker()
+    running = asyncio.ensure_future(pool.run(1000, job))
+    await asyncio.to_thread(started.wait, 5)
+    return running, release
+
+
 def test_a_lane_runs_its_cheapest_waiting_job_first():
     async def main():
         pool, order = PromptPool(small_bytes=10), []
-        job, started, release = blocker()
-        first = asyncio.ensure_future(pool.run(1000, job))
-        await asyncio.to_thread(started.wait, 5)
+        first, release = await occupied(pool)
         waiting = [asyncio.ensure_future(pool.run(cost, lambda c=cost: order.append(c)))
                    for cost in (900, 100, 500)]
         await asyncio.sleep(0.05)
@@ -44,9 +50,7 @@ def test_a_lane_runs_its_cheapest_waiting_job_first():
 def test_a_small_prompt_does_not_wait_behind_a_large_one():
     async def main():
         pool = PromptPool(small_bytes=10)
-        job, started, release = blocker()
-        large = asyncio.ensure_future(pool.run(1000, job))
-        await asyncio.to_thread(started.wait, 5)
+        large, release = await occupied(pool)
         t0 = time.monotonic()
         small = await pool.run(5, lambda: "small")
         waited = time.monotonic() - t0
@@ -61,9 +65,7 @@ def test_a_small_prompt_does_not_wait_behind_a_large_one():
 def test_a_job_whose_request_went_away_is_dropped_before_it_starts():
     async def main():
         pool, ran = PromptPool(small_bytes=10), []
-        job, started, release = blocker()
-        first = asyncio.ensure_future(pool.run(1000, job))
-        await asyncio.to_thread(started.wait, 5)
+        first, release = await occupied(pool)
         abandoned = asyncio.ensure_future(pool.run(2000, lambda: ran.append("abandoned")))
         await asyncio.sleep(0.05)
         abandoned.cancel()
