@@ -12,6 +12,7 @@ from pydantic import ValidationError
 from engine import EngineConfig
 from server.durations import parse_keep_alive
 from server.openai.bodies import SamplingFields
+from server.openai.sealing import state_dir
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_MODEL = ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -39,6 +40,23 @@ class EdgeLimits:
     max_header_bytes: int = 16 * 1024  # request line + headers; 431 above this
     drain_seconds: float = 30.0        # SIGTERM: time running requests get to finish
     protect_metrics: bool = False      # /metrics, /stats, /dashboard, /docs behind the API key
+    # POST /v1/files (the Batch API's uploads): its own body limit, the batch file limit plus
+    # room for the multipart framing (PAGEDLLAMA_BATCH_MAX_FILE_BYTES)
+    max_upload_bytes: int = 100 * 1024**2 + 64 * 1024
+
+
+@dataclass
+class BatchSettings:
+    """The Batch API (server/batch/): where its store lives and what it takes."""
+    state_dir: Path = Path.home() / ".cache" / "pagedllama"   # the store: state_dir/batch
+    max_file_bytes: int = 100 * 1024**2   # an uploaded file
+    max_lines: int = 50_000               # request lines in one batch
+    max_active: int = 4                   # batches not finished (validating, running, ...)
+    concurrency: int = 4                  # batch lines in flight at once (all batches)
+
+    @property
+    def directory(self) -> Path:
+        return self.state_dir / "batch"
 
 
 @dataclass
@@ -55,6 +73,7 @@ class Settings:
     load_timeout: float = 300.0             # seconds a request waits for its model to load
     beyond_trained: bool = False            # n_ctx may exceed the model's trained context
     max_output: int | None = None           # most tokens one answer may have (llama-server's -n)
+    batch: BatchSettings = field(default_factory=BatchSettings)
 
 
 def _env(name: str, default: str) -> str:
@@ -151,11 +170,26 @@ def load_settings() -> Settings:
         raise ValueError(f"PAGEDLLAMA_MODELS_DIR={models_dir}: no .gguf file there")
     _partition_threads(models)
     budget, source = memory_budget_from_env()
+    batch = batch_from_env()
     return Settings(models, _env("LOG_LEVEL", "info"), os.environ.get("PAGEDLLAMA_API_KEY"),
-                    edge_from_env(models), int(_env("MAX_N", "8")),
+                    edge_from_env(models, batch), int(_env("MAX_N", "8")),
                     _flag("ELASTIC_THREADS", True), _flag("REPACK_WEIGHTS", False),
                     budget, source, float(_env("LOAD_TIMEOUT", "300")),
-                    _flag("N_CTX_BEYOND_TRAINED", False), _int_or_none("MAX_OUTPUT"))
+                    _flag("N_CTX_BEYOND_TRAINED", False), _int_or_none("MAX_OUTPUT"), batch)
+
+
+def batch_from_env() -> BatchSettings:
+    """PAGEDLLAMA_BATCH_*: the Batch API's limits; its store under PAGEDLLAMA_STATE_DIR."""
+    values = {"BATCH_MAX_FILE_BYTES": parse_bytes(_env("BATCH_MAX_FILE_BYTES", "100MiB"),
+                                                  "PAGEDLLAMA_BATCH_MAX_FILE_BYTES"),
+              **{name: int(_env(name, default)) for name, default in (
+                  ("BATCH_MAX_LINES", "50000"), ("BATCH_MAX_ACTIVE", "4"),
+                  ("BATCH_CONCURRENCY", "4"))}}
+    for name, value in values.items():
+        if value < 1:
+            raise ValueError(f"PAGEDLLAMA_{name} must be at least 1")
+    return BatchSettings(state_dir(), values["BATCH_MAX_FILE_BYTES"], values["BATCH_MAX_LINES"],
+                         values["BATCH_MAX_ACTIVE"], values["BATCH_CONCURRENCY"])
 
 
 _UNITS = {"": 1, "b": 1, "k": 1024, "kb": 1000, "kib": 1024, "m": 1024**2, "mb": 1000**2,
@@ -216,15 +250,21 @@ def default_max_body_bytes(models: list[ModelSpec]) -> int:
     return 64 * 1024 + 64 * max(m.engine.n_ctx for m in models)
 
 
-def edge_from_env(models: list[ModelSpec]) -> EdgeLimits:
+# what a multipart upload adds around its file (boundaries, part headers, the purpose field)
+MULTIPART_ROOM = 64 * 1024
+
+
+def edge_from_env(models: list[ModelSpec], batch: BatchSettings | None = None) -> EdgeLimits:
     body = _env("MAX_BODY_BYTES", "")
+    batch = batch or BatchSettings()
     return EdgeLimits(
         max_body_bytes=int(body) if body else default_max_body_bytes(models),
         read_timeout=float(_env("READ_TIMEOUT", "10")),
         keepalive_timeout=float(_env("KEEPALIVE_TIMEOUT", "5")),
         max_header_bytes=int(_env("MAX_HEADER_BYTES", str(16 * 1024))),
         drain_seconds=float(_env("DRAIN_SECONDS", str(EdgeLimits.drain_seconds))),
-        protect_metrics=_flag("PROTECT_METRICS", False))
+        protect_metrics=_flag("PROTECT_METRICS", False),
+        max_upload_bytes=batch.max_file_bytes + MULTIPART_ROOM)
 
 
 _ENGINE_KEYS = {f.name for f in fields(EngineConfig)}

@@ -10,6 +10,7 @@ from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBea
 
 from server.api import (
     anthropic,
+    batches,
     embeddings,
     models,
     native,
@@ -18,6 +19,7 @@ from server.api import (
     responses,
     router_info,
 )
+from server.batch.runner import BatchRunner
 from server.config import load_settings
 from server.http import cors, errors, openapi, protocol
 from server.http.drain import Drain
@@ -59,10 +61,18 @@ async def lifespan(app: FastAPI):
                  "%g s", settings.edge.max_body_bytes, settings.edge.max_header_bytes,
                  settings.edge.read_timeout, settings.edge.keepalive_timeout)
     drain.install()
+    # the Batch API's lines run in the background (server/batch/runner.py); unfinished batches
+    # resume here
+    runner = app.state.batches = BatchRunner(settings.batch, service, app, batches.answer_line)
+    watch = getattr(service.observer, "watch_batches", None)
+    if watch is not None:
+        watch(runner.stats)
+    await runner.start()
     try:
         yield
     finally:
         drain.uninstall()
+        await runner.stop()
         service.stop()
 
 
@@ -102,6 +112,7 @@ app.include_router(openai.router, dependencies=[Depends(require_api_key)])
 app.include_router(responses.router, dependencies=[Depends(require_api_key)])
 app.include_router(anthropic.router, dependencies=[Depends(require_api_key)])
 app.include_router(embeddings.router, dependencies=[Depends(require_api_key)])
+app.include_router(batches.router, dependencies=[Depends(require_api_key)])
 app.include_router(models.router, dependencies=[Depends(require_api_key)])
 app.include_router(native.router, dependencies=[Depends(require_api_key)])
 app.include_router(native.public)

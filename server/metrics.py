@@ -171,6 +171,7 @@ class MetricsObserver(Observer):
         self.started = time.time()
         self._workers: Callable[[], list[Worker]] = list
         self._catalog: Callable[[], object | None] = lambda: None
+        self._batches: Callable[[], dict | None] = lambda: None
         self._by_worker: dict[str, _ModelMetrics] = {}
         r, lab = self.registry, [MODEL]
         self.prompt_tokens = Counter(PREFIX + "prompt_tokens", "Prefill tokens processed "
@@ -211,6 +212,13 @@ class MetricsObserver(Observer):
 
     def catalog(self):
         return self._catalog()
+
+    def watch_batches(self, stats: Callable[[], dict | None]) -> None:
+        """Where the Batch API's figures come from (server/batch/runner.py's stats)."""
+        self._batches = stats
+
+    def batches(self) -> dict | None:
+        return self._batches()
 
     def _of(self, worker: Worker) -> _ModelMetrics:
         m = self._by_worker.get(worker.name)
@@ -280,6 +288,7 @@ class MetricsObserver(Observer):
             **self.process.summary(),
             "models": {name: _model_json(s) for name, s in states.items()},
             **_catalog_json(self.catalog()),
+            "batch": self.batches(),
         }
 
 
@@ -402,7 +411,34 @@ class _StateCollector(Collector):
         yield from (running, waiting, kv, queries, hits, preemptions, threads, changes, drafts,
                     draft_tokens, accepted, per_pos)
         yield from self._models()
+        yield from self._batches()
         yield from self._process()
+
+    def _batches(self):
+        """The Batch API: lines done since start (by outcome) and their tokens, lines running
+        and pending, unfinished batches by status."""
+        b = self.observer.batches()
+        if b is None:
+            return
+        lines = CounterMetricFamily(PREFIX + "batch_lines", "Batch lines finished since start, "
+                                    "by outcome (completed: a 200 answer; failed: an error "
+                                    "line).", labels=["outcome"])
+        lines.add_metric(["completed"], b["lines_completed"])
+        lines.add_metric(["failed"], b["lines_failed"])
+        tokens = CounterMetricFamily(PREFIX + "batch_tokens", "Tokens of the batch lines "
+                                     "finished since start (prompt: cached ones included).",
+                                     labels=["kind"])
+        for kind in ("prompt", "cached", "completion"):
+            tokens.add_metric([kind], b[f"{kind}_tokens"])
+        batches = GaugeMetricFamily(PREFIX + "batches", "Unfinished batches, by status.",
+                                    labels=["status"])
+        for status in ("validating", "in_progress", "finalizing", "cancelling"):
+            batches.add_metric([status], b["batches"].get(status, 0))
+        yield from (lines, tokens, batches)
+        yield GaugeMetricFamily(PREFIX + "batch_lines_running", "Batch lines in flight now.",
+                                value=b["lines_running"])
+        yield GaugeMetricFamily(PREFIX + "batch_lines_pending", "Lines of unfinished batches "
+                                "not yet done nor in flight.", value=b["lines_pending"])
 
     def _models(self):
         """Per catalogued model: its state, memory (estimate, counted, measured), loads,

@@ -13,13 +13,26 @@ from typing import Any
 from pydantic import ConfigDict, Field
 
 from server.http.errors import APIError
-from server.openai.bodies import INT32_MAX, INT64_MAX, Body, Bool, Float, Int, KeepAlive
+from server.openai.bodies import (
+    INT32_MAX,
+    JSON_INT_MAX,
+    Body,
+    Bool,
+    Float,
+    Int,
+    KeepAlive,
+    StopList,
+    nullable,
+)
+from server.openai.fields import check_types
 
 # Accepted and ignored: they label or route a request, or mark what to cache (our prefix cache
-# takes every prompt by itself), and never change its tokens. (`metadata.user_id` also names
-# the session that keeps a replica: server/api/anthropic.py.)
-HARMLESS = frozenset({"metadata", "cache_control", "service_tier", "inference_geo",
-                      "user_profile_id", "workspace_id"})
+# takes every prompt by itself), and never change its tokens (of these types: a 400 otherwise).
+# (`metadata.user_id` also names the session that keeps a replica: server/api/anthropic.py.)
+LABELS: dict[str, Any] = {"metadata": dict[str, Any], "cache_control": dict[str, Any],
+                          "service_tier": str, "inference_geo": str, "user_profile_id": str,
+                          "workspace_id": str}
+HARMLESS = frozenset(LABELS)
 
 # output_config.effort: how much a model may think; a hint that asks nothing of a model that
 # does not think, and that no thinking template here takes a budget from.
@@ -38,9 +51,29 @@ _UNKNOWN = ("is not a field this server knows; it is refused rather than ignored
             "ignoring it could silently change the answer")
 
 
+_EDITS = ("clear_thinking_20251015", "clear_tool_uses_20250919")
+
+
 class MessagesFields(Body):
-    # unknown fields are kept (model_extra) so that check_fields can refuse them by name
+    # unknown fields are kept (model_extra) so that check_fields can refuse them by name; the
+    # OpenAPI schema declares the labels, and says what context_management, output_config and
+    # speed take (server/openai/bodies.py Body)
     model_config = ConfigDict(extra="allow")
+    EXTRAS = nullable(LABELS, "a label: accepted and ignored")
+    NULL_IS_DEFAULT = ("stream",)
+    SCHEMA = {
+        "context_management": {
+            "anyOf": [{"type": "object", "additionalProperties": False, "properties": {
+                "edits": {"type": ["array", "null"], "items": {
+                    "type": "object", "required": ["type"],
+                    "properties": {"type": {"enum": list(_EDITS)}}}}}}, {"type": "null"}],
+            "description": "context editing (server/anthropic/context.py)"},
+        "output_config": {
+            "anyOf": [{"type": "object", "additionalProperties": {"type": "null"},
+                       "properties": {"effort": {"enum": [*EFFORTS, None]},
+                                      "format": {"type": "null"}}}, {"type": "null"}],
+            "description": "effort: a hint; format: not supported here"},
+        "speed": {"enum": ["standard", None], "description": "one speed here"}}
 
     model: str
     messages: list[Any] = Field(..., min_length=1)
@@ -58,7 +91,7 @@ class MessagesRequest(MessagesFields):
     """POST /v1/messages. Besides Anthropic's fields, a few of this server's own (as on the
     OpenAI routes): `ignore_eos`, `seed`, `priority`, `timeout`, `min_p`."""
     max_tokens: Int = Field(..., ge=0, le=INT32_MAX)
-    stop_sequences: list[str] | None = None
+    stop_sequences: StopList | None = None
     temperature: Float | None = Field(None, ge=0.0, le=1.0)
     top_p: Float | None = Field(None, gt=0.0, le=1.0)
     top_k: Int | None = Field(None, ge=0, le=INT32_MAX)
@@ -67,7 +100,7 @@ class MessagesRequest(MessagesFields):
     # this server's extensions
     ignore_eos: Bool = False
     seed: Int | None = None
-    priority: Int = Field(0, ge=-INT64_MAX, le=INT64_MAX)
+    priority: Int = Field(0, ge=-JSON_INT_MAX, le=JSON_INT_MAX)
     timeout: Float | None = Field(None, gt=0.0)
     min_p: Float | None = Field(None, ge=0.0, le=1.0)
 
@@ -77,7 +110,9 @@ class CountTokensRequest(MessagesFields):
 
 
 def check_fields(body: MessagesFields) -> None:
-    """A 400 for the first extra field that asks for something we do not do."""
+    """A 400 for the first extra field that asks for something we do not do, or a label of the
+    wrong type."""
+    check_types(body.model_extra or {}, LABELS)
     for name, value in (body.model_extra or {}).items():
         if name in HARMLESS or _asks_nothing(value):
             continue

@@ -1,7 +1,8 @@
 """POST /v1/embeddings: OpenAI's embeddings, computed in an embedding context of the model
 (engine.embedding.Embedder). Inputs are embedded one after another on the model's own
 single-thread executor, so the event loop never waits on llama.cpp and one embedding context
-never runs twice at once."""
+never runs twice at once. The Batch API answers an embeddings batch line with the route itself
+(`embeddings`: a body in, the answer out)."""
 from __future__ import annotations
 
 import asyncio

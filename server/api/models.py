@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse
 from pydantic import ConfigDict, Field
 
 from server.http.errors import APIError
-from server.http.openapi import ERROR_RESPONSES
+from server.http.openapi import ERROR_RESPONSES, UNLOAD
 from server.openai.bodies import Body, Bool, Int
 from server.openai.fields import check_fields
 from server.service.catalog import Entry, LoadedModel, State
@@ -102,7 +102,7 @@ async def load_model(model_id: str, http: HTTPRequest) -> dict:
     return model_object(_catalog(http).entry(model_id))
 
 
-@router.post("/models/{model_id:path}/unload")
+@router.post("/models/{model_id:path}/unload", responses=UNLOAD)
 async def unload_model(model_id: str, http: HTTPRequest):
     """Unload a model: at once when no request uses it (200), else as soon as its requests
     have finished (202; new requests are still served meanwhile). A pinned model is a 409."""

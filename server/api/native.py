@@ -11,7 +11,7 @@ from fastapi.responses import JSONResponse
 
 from engine import Request, Worker
 from server.http.errors import error_body
-from server.http.openapi import ERROR_RESPONSES, STREAM_ONLY
+from server.http.openapi import ERROR_RESPONSES, NOT_READY, STREAM_ONLY
 from server.http.sse import EventStream, json_data, message
 from server.openai.bodies import GenerateRequest
 from server.openai.fields import check_fields, unsupported
@@ -22,7 +22,7 @@ router = APIRouter(responses=ERROR_RESPONSES)
 public = APIRouter()
 
 
-@public.get("/health")
+@public.get("/health", responses=NOT_READY)
 async def health(http: HTTPRequest):
     """Every catalogued model with its state and memory (a loaded one with its contexts), and
     the memory budget: `budget`, `reserved` (counted against it now), `process` (this

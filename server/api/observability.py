@@ -12,6 +12,7 @@ from fastapi import Request as HTTPRequest
 from fastapi.responses import FileResponse, JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from server.http.openapi import NOT_READY
 from server.metrics import MetricsObserver
 
 router = APIRouter()
@@ -42,7 +43,7 @@ async def metrics(http: HTTPRequest):
     return Response(generate_latest(obs.registry), media_type=CONTENT_TYPE_LATEST)
 
 
-@router.get("/stats")
+@router.get("/stats", responses=NOT_READY)
 async def stats(http: HTTPRequest):
     obs = _observer(http)
     return obs.stats() if obs else _unavailable()

@@ -1,6 +1,8 @@
 """OpenAI-compatible routes: /v1/chat/completions, /v1/completions, /v1/models. A route turns its
-body into a prompt and an OpenAIFormat; `_respond` runs it (service.generate) and shapes the
-answer (server/openai/completion_format.py)."""
+body into a prompt and an OpenAIFormat (`start_chat`, `start_completion`: the request submitted,
+service.generate); `_respond` streams or collects it and shapes the answer
+(server/openai/completion_format.py). The Batch API runs a batch line through the same two
+steps, not streamed (`start_…` then `answer`)."""
 from __future__ import annotations
 
 import time
@@ -43,8 +45,16 @@ async def list_models(http: HTTPRequest) -> dict:
     return {"object": "list", "data": [model_object(e) for e in catalog.entries.values()]}
 
 
+Started = tuple[Service, Generation, OpenAIFormat]
+
+
 @router.post("/chat/completions", responses=STREAMED)
 async def chat_completions(body: ChatCompletionRequest, http: HTTPRequest):
+    return await _respond(*await start_chat(body, http))
+
+
+async def start_chat(body: ChatCompletionRequest, http: HTTPRequest) -> Started:
+    """The body checked, its prompt rendered and tokenized, and its generation submitted."""
     svc, lm = await _model_for(body, http, UNSUPPORTED_CHAT)
     try:
         messages = [{**m.model_dump(exclude_none=True), "content": m.text()} for m in body.messages]
@@ -73,11 +83,16 @@ async def chat_completions(body: ChatCompletionRequest, http: HTTPRequest):
     fmt = _format("chat", lm, body, tools=use.active)
     fmt.functions = use.functions
     fmt.thinking = thinking
-    return await _respond(svc, gen, fmt)
+    return svc, gen, fmt
 
 
 @router.post("/completions", responses=STREAMED)
 async def completions(body: CompletionRequest, http: HTTPRequest):
+    return await _respond(*await start_completion(body, http))
+
+
+async def start_completion(body: CompletionRequest, http: HTTPRequest) -> Started:
+    """The body checked, its prompts tokenized, and its generation submitted."""
     svc, lm = await _model_for(body, http, UNSUPPORTED_COMPLETION)
     prompts_in = _prompt_list(body.prompt)
     if len(prompts_in) * body.n > lm.spec.engine.max_seqs + lm.spec.engine.max_queue:
@@ -97,7 +112,7 @@ async def completions(body: CompletionRequest, http: HTTPRequest):
                                            affinity=cache_key(body)), http)
     echo = ([p if isinstance(p, str) else lm.model.detokenize(p) for p in prompts_in]
             if body.echo else [])   # after generate: it has checked the token ids
-    return await _respond(svc, gen, _format("completion", lm, body, echo, len(prompts)))
+    return svc, gen, _format("completion", lm, body, echo, len(prompts))
 
 
 def _prompt_list(prompt) -> list:
@@ -138,6 +153,11 @@ def _format(kind: Kind, lm: LoadedModel, body: SamplingFields, echo: list[str] |
 async def _respond(svc: Service, gen: Generation, fmt: OpenAIFormat):
     if fmt.stream:
         return EventStream(_stream(svc, gen, fmt))
+    return await answer(svc, gen, fmt)
+
+
+async def answer(svc: Service, gen: Generation, fmt: OpenAIFormat) -> dict:
+    """A started request run to its end: the answer, not streamed."""
     choices = await svc.collect(gen)
     return fmt.response(choices, usage(gen.reqs))
 

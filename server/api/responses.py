@@ -31,6 +31,16 @@ router = APIRouter(prefix="/v1", responses=ERROR_RESPONSES)
 
 @router.post("/responses", responses=RESPONSES_STREAMED)
 async def create_response(body: ResponsesRequest, http: HTTPRequest):
+    svc, worker, state, headers = await start_response(body, http)
+    if body.stream:
+        return EventStream(_stream(svc, worker, state, http), headers=headers)
+    return JSONResponse(await answer(svc, worker, state, http), headers=headers)
+
+
+async def start_response(body: ResponsesRequest,
+                         http: HTTPRequest) -> tuple[Service, Worker, ResponseState, dict]:
+    """The body checked, its prompt rendered and tokenized, and its generation submitted; with
+    the headers of its answer. The Batch API runs a batch line through this and `answer`."""
     reject_unsupported(body)
     svc: Service = http.app.state.service
     lm = await svc.get(body.model, http, body.keep_alive)
@@ -45,10 +55,12 @@ async def create_response(body: ResponsesRequest, http: HTTPRequest):
         [prompt], max_tokens, grammar, affinity=body.prompt_cache_key, prompt_field="input"))
     headers = ({IGNORED_TOOLS_HEADER: ",".join(asked.ignored_tools)}
                if asked.ignored_tools else {})
-    state = ResponseState(body, lm.name, req, use, thinking=thinking)
-    if body.stream:
-        return EventStream(_stream(svc, worker, state, http), headers=headers)
-    async for event in svc.events(worker, req, http, poll_disconnect=True):
+    return svc, worker, ResponseState(body, lm.name, req, use, thinking=thinking), headers
+
+
+async def answer(svc: Service, worker: Worker, state: ResponseState, http: HTTPRequest) -> dict:
+    """A started response run to its end: the response object, not streamed."""
+    async for event in svc.events(worker, state.req, http, poll_disconnect=True):
         if event.error:   # 500 engine_error, or 503 when a drain ended it
             status, code = error_status(event)
             raise APIError(status, event.error, code)
@@ -57,7 +69,7 @@ async def create_response(body: ResponsesRequest, http: HTTPRequest):
     if state.finish is None:   # the client went away
         raise APIError(499, "client disconnected", "client_disconnected")
     state.finish_output()
-    return JSONResponse(state.response(), headers=headers)
+    return state.response()
 
 
 async def _stream(svc: Service, worker: Worker, s: ResponseState,

@@ -9,6 +9,9 @@ HTTP request, in order, without parsing anything:
 3. a Content-Length over the body limit is a 413, body unparsed;
 4. the body is read with a timeout per read (408 when a client sends less than it announced)
    and a running size check (413 for chunked bodies), then replayed to the app.
+The body limit is PAGEDLLAMA_MAX_BODY_BYTES, except on POST /v1/files (the Batch API's
+uploads), whose limit is the batch file limit (PAGEDLLAMA_BATCH_MAX_FILE_BYTES) plus room for
+the multipart framing.
 A body left unread by a refusal is discarded by uvicorn's h11 protocol (the connection stays
 open, no reset), under server/http/protocol.py's time limits. API requests are counted while they
 run, so the drain knows when they are done. A refusal comes in the shape of the API the path
@@ -74,7 +77,18 @@ class ClientGone(Exception):
     pass
 
 
-async def read_body(receive, limits: EdgeLimits) -> bytes:
+UPLOADS = "/v1/files"   # POST: a file upload, under its own body limit
+
+
+def body_limit(scope, limits: EdgeLimits) -> tuple[int, str]:
+    """The body limit of a request, and the setting that sets it."""
+    if scope["path"] == UPLOADS and scope.get("method") == "POST":
+        return limits.max_upload_bytes, "PAGEDLLAMA_BATCH_MAX_FILE_BYTES"
+    return limits.max_body_bytes, "PAGEDLLAMA_MAX_BODY_BYTES"
+
+
+async def read_body(receive, limits: EdgeLimits, max_bytes: int | None = None) -> bytes:
+    max_bytes = limits.max_body_bytes if max_bytes is None else max_bytes
     parts, size, more = [], 0, True
     while more:
         message = await asyncio.wait_for(receive(), limits.read_timeout)
@@ -82,7 +96,7 @@ async def read_body(receive, limits: EdgeLimits) -> bytes:
             raise ClientGone
         chunk = message.get("body", b"")
         size += len(chunk)
-        if size > limits.max_body_bytes:
+        if size > max_bytes:
             raise BodyTooLarge
         parts.append(chunk)
         more = message.get("more_body", False)
@@ -140,8 +154,9 @@ class Edge:
             return await respond(send, 401, "invalid or missing API key", "invalid_api_key",
                                  {"WWW-Authenticate": "Bearer"}, path)
         length = content_length(scope["headers"])
-        if length is not None and length > limits.max_body_bytes:
-            return await respond(send, 413, _too_large(limits), "request_too_large", path=path)
+        if length is not None and length > body_limit(scope, limits)[0]:
+            return await respond(send, 413, _too_large(scope, limits), "request_too_large",
+                                 path=path)
         drain.active += api
         try:
             await self._read_then_call(scope, receive, send, limits)
@@ -150,11 +165,11 @@ class Edge:
 
     async def _read_then_call(self, scope, receive, send, limits: EdgeLimits) -> None:
         try:
-            body = await read_body(receive, limits)
+            body = await read_body(receive, limits, body_limit(scope, limits)[0])
         except ClientGone:
             return
         except BodyTooLarge:
-            return await respond(send, 413, _too_large(limits), "request_too_large",
+            return await respond(send, 413, _too_large(scope, limits), "request_too_large",
                                  path=scope["path"])
         except TimeoutError:
             return await respond(send, 408, f"the request body did not arrive within "
@@ -163,6 +178,6 @@ class Edge:
         await self.app(scope, replay(body, receive), send)
 
 
-def _too_large(limits: EdgeLimits) -> str:
-    return (f"The request body is larger than this server accepts ({limits.max_body_bytes} "
-            "bytes, PAGEDLLAMA_MAX_BODY_BYTES).")
+def _too_large(scope, limits: EdgeLimits) -> str:
+    limit, setting = body_limit(scope, limits)
+    return f"The request body is larger than this server accepts ({limit} bytes, {setting})."

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -20,7 +21,7 @@ log = logging.getLogger("pagedllama.server")
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
           408: "timeout_error", 413: "invalid_request_error", 422: "invalid_request_error",
           431: "invalid_request_error", 429: "rate_limit_exceeded", 500: "server_error",
-          503: "service_unavailable"}
+          503: "service_unavailable", 507: "server_error"}
 
 
 class ErrorDetail(BaseModel):
@@ -107,7 +108,12 @@ def error_response(status: int, message: str, code: str | None = None, param: st
 
 def _describe(exc: RequestValidationError) -> tuple[str, str | None, str]:
     """(message, param, code) of the first validation error."""
-    errors = exc.errors()
+    return describe_errors(exc.errors())
+
+
+def describe_errors(errors) -> tuple[str, str | None, str]:
+    """(message, param, code) of the first of a body's validation errors (pydantic's
+    `errors()`, or FastAPI's, whose locations start with "body"): what the 400 says."""
     if not errors:
         return "invalid request", None, "invalid_json"
     first = errors[0]
@@ -139,6 +145,21 @@ def _union_member(part) -> bool:
 _UNPARSABLE = "There was an error parsing the body"
 
 
+_METHODS = frozenset({"get", "put", "post", "delete", "options", "head", "patch", "trace"})
+
+
+def _allowed_methods(request: Request, said: str | None) -> str | None:
+    """A 405's Allow header: every method the OpenAPI document gives the request's path (a path
+    may have a route per method, GET and POST /v1/files, and Starlette names one route's);
+    Starlette's own for a path the document leaves out."""
+    for template, item in request.app.openapi().get("paths", {}).items():
+        pattern = "".join("[^/]+" if part.startswith("{") else re.escape(part)
+                          for part in re.split(r"(\{[^/}]+\})", template))
+        if re.fullmatch(pattern, request.url.path):
+            return ", ".join(sorted(m.upper() for m in item if m in _METHODS))
+    return said
+
+
 def install(app: FastAPI) -> None:
     @app.exception_handler(APIError)
     async def _api_error(request: Request, exc: APIError):
@@ -156,8 +177,12 @@ def install(app: FastAPI) -> None:
             return error_response(400, "request body is not valid JSON (UTF-8 text, nested "
                                   "within the parser's depth limit)", "invalid_json",
                                   path=request.url.path)
-        return error_response(exc.status_code, str(exc.detail), None, None,
-                              getattr(exc, "headers", None), request.url.path)
+        headers = getattr(exc, "headers", None)
+        if exc.status_code == 405:
+            allow = _allowed_methods(request, (headers or {}).get("Allow"))
+            headers = {**(headers or {}), **({"Allow": allow} if allow else {})}
+        return error_response(exc.status_code, str(exc.detail), None, None, headers,
+                              request.url.path)
 
     @app.exception_handler(json.JSONDecodeError)
     async def _json(request: Request, exc: json.JSONDecodeError):

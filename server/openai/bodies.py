@@ -7,22 +7,40 @@ UTF-8 for the tokenizer or echoed back, so it is a 400 naming where it was found
 body (here, and in server/openai/responses_api.py, server/api/embeddings.py, server/api/models.py)
 derives
 from `Body`, which makes that check.
+
+Unknown fields are kept at run time (`extra="allow"`, model_extra) so that the route refuses
+them by name (server/openai/fields.py), while each body's OpenAPI schema states what is
+accepted: `additionalProperties: false`, the extra fields a route accepts declared with their
+types (`Body.EXTRAS`: labels and hints, and SGLang's fields at their defaults), `n`, `stream`
+and `echo` nullable (null is the default), and the fields a route refuses whatever their value
+left out (`Body.SCHEMA`).
 """
 from __future__ import annotations
 
 import json
 import re
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 
 from server.durations import parse_keep_alive
 from server.http.errors import APIError
+from server.openai.fields import LABELS, NEUTRAL
 from server.service.request import Blame, GenerationRequest, Sampling
 
 INT32_MAX = 2**31 - 1
 INT64_MAX = 2**63 - 1
+JSON_INT_MAX = 2**53 - 1   # the largest integer that every JSON reader holds exactly (a double)
 
 Int = Annotated[int, Field(strict=True)]
 Bool = Annotated[bool, Field(strict=True)]
@@ -37,7 +55,12 @@ def _keep_alive(value: Any) -> float | None:
 
 # Ollama's keep_alive, accepted as an extension: how long the model stays loaded once idle
 # (seconds, or "10m", "1h"; negative: until unloaded by hand; 0: unloaded when idle)
-KeepAlive = Annotated[float | None, BeforeValidator(_keep_alive)]
+KeepAlive = Annotated[float | None, BeforeValidator(_keep_alive,
+                                                    json_schema_input_type=float | str | None)]
+
+# at most 16 strings (checked where the field is, with its own message; the schema says it too)
+StopList = Annotated[list[str], WithJsonSchema({"type": "array", "items": {"type": "string"},
+                                                "maxItems": 16})]
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
@@ -62,8 +85,61 @@ def find_lone_surrogate(value: Any, path: str = "") -> str | None:
     return None
 
 
+def nullable(types: dict[str, Any], description: str) -> dict[str, dict]:
+    """JSON schemas of extra fields accepted with these types, or null (= absent)."""
+    return {name: {**TypeAdapter(kind | None).json_schema(), "description": description}
+            for name, kind in types.items()}
+
+
+def only(values: dict[str, tuple], description: str) -> dict[str, dict]:
+    """JSON schemas of extra fields accepted with these values only, or null (= absent)."""
+    return {name: {"enum": list(dict.fromkeys((*accepted, None))), "description": description}
+            for name, accepted in values.items()}
+
+
+def or_null(schema: dict[str, Any], description: str) -> dict[str, Any]:
+    """A JSON schema, or null (= absent)."""
+    return {"anyOf": [schema, {"type": "null"}], "description": description}
+
+
+def _closed_schema(schema: dict[str, Any], cls: type[Body]) -> None:
+    """The body's OpenAPI schema: what is accepted (see the module's docstring)."""
+    schema["additionalProperties"] = False
+    props = schema.setdefault("properties", {})
+    for name in cls.NULL_IS_DEFAULT:
+        if name in props:
+            props[name] = _or_null(props[name])
+    for name, sub in cls.EXTRAS.items():
+        props.setdefault(name, sub)
+    for name, sub in cls.SCHEMA.items():
+        if sub is None:
+            props.pop(name, None)
+        else:
+            props[name] = sub
+
+
+def _or_null(prop: dict[str, Any]) -> dict[str, Any]:
+    outer = {k: prop[k] for k in ("title", "description", "default") if k in prop}
+    inner = {k: v for k, v in prop.items() if k not in outer}
+    said = outer.get("description")
+    return {"anyOf": [inner, {"type": "null"}], **outer,
+            "description": f"{said}; null: the default" if said else "null: the default"}
+
+
 class Body(BaseModel):
-    """A request body: no lone surrogate anywhere in it (known fields or not)."""
+    """A request body: no lone surrogate anywhere in it (known fields or not), and an OpenAPI
+    schema that says what is accepted."""
+    model_config = ConfigDict(json_schema_extra=_closed_schema)
+
+    # extra fields the route accepts (kept in model_extra), as JSON schemas: declared only
+    EXTRAS: ClassVar[dict[str, dict]] = {
+        **nullable(LABELS, "a label: accepted and ignored"),
+        **only(NEUTRAL, "SGLang's (sglang-router forwards it): accepted at its default only")}
+    # fields whose null is their default (OpenAI's spec lets `n`, `stream`, `echo` be null)
+    NULL_IS_DEFAULT: ClassVar[tuple[str, ...]] = ()
+    # properties of the schema replaced (a schema: what this route accepts of a field its base
+    # declares) or left out (None: refused whatever the value, but null)
+    SCHEMA: ClassVar[dict[str, dict | None]] = {}
 
     @model_validator(mode="before")
     @classmethod
@@ -75,13 +151,20 @@ class Body(BaseModel):
                 "Unicode text)", {"where": where})
         return data
 
-
-_NULLABLE = ("n", "stream", "echo")
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_the_default(cls, data: Any) -> Any:
+        """A null in NULL_IS_DEFAULT is the same as leaving the field out."""
+        if isinstance(data, dict) and any(data.get(k, 0) is None for k in cls.NULL_IS_DEFAULT):
+            data = {k: v for k, v in data.items()
+                    if not (k in cls.NULL_IS_DEFAULT and v is None)}
+        return data
 
 
 class SamplingFields(Body):
     # Unknown fields are kept (model_extra) so that server/openai/fields.py can refuse them by name.
     model_config = ConfigDict(extra="allow")
+    NULL_IS_DEFAULT = ("n", "stream", "echo")
 
     model: str | None = None
     max_tokens: Int | None = Field(None, ge=1, le=INT32_MAX)
@@ -94,12 +177,12 @@ class SamplingFields(Body):
     frequency_penalty: Float | None = Field(None, ge=-2.0, le=2.0)
     # at least 1e-6: a smaller divisor overflows float32 logits (and 5e-324 is 0 there)
     repetition_penalty: Float | None = Field(None, ge=1e-6, le=10.0)
-    stop: str | list[str] | None = None
+    stop: str | StopList | None = None
     ignore_eos: Bool = False
     n: Int = Field(1, ge=1, le=INT32_MAX)   # above PAGEDLLAMA_MAX_N: a 400 in the routes
     stream: Bool = False
     stream_options: StreamOptions | None = None
-    priority: Int = Field(0, ge=-INT64_MAX, le=INT64_MAX)
+    priority: Int = Field(0, ge=-JSON_INT_MAX, le=JSON_INT_MAX)
     timeout: Float | None = Field(None, gt=0.0, description="seconds before the request is ended")
     keep_alive: KeepAlive = Field(None, description="seconds (or \"5m\", \"1h\") the model "
                                   "stays loaded once idle; negative: until unloaded")
@@ -108,14 +191,6 @@ class SamplingFields(Body):
     json_schema: dict[str, Any] | None = None
     grammar: str | None = None
     logit_bias: dict[str, Float] | None = None    # token id (as a string) -> bias in [-100, 100]
-
-    @model_validator(mode="before")
-    @classmethod
-    def _null_is_the_default(cls, data: Any) -> Any:
-        """OpenAI's spec lets `n`, `stream` and `echo` be null: the same as leaving them out."""
-        if isinstance(data, dict) and any(data.get(k, 0) is None for k in _NULLABLE):
-            data = {k: v for k, v in data.items() if not (k in _NULLABLE and v is None)}
-        return data
 
     @field_validator("stop")
     @classmethod
@@ -154,9 +229,16 @@ class SamplingFields(Body):
                                  self.timeout, grammar, affinity, Blame(prompt=prompt_field))
 
 
+def _stream_options_schema(schema: dict[str, Any]) -> None:
+    schema["additionalProperties"] = False
+    schema["properties"]["include_obfuscation"] = {
+        "enum": [False, None], "description": "OpenAI's; false only: deltas are never padded"}
+
+
 class StreamOptions(BaseModel):
-    # unknown options are kept so that server/openai/fields.py can refuse them by name
-    model_config = ConfigDict(extra="allow")
+    # unknown options are kept so that server/openai/fields.py can refuse them by name; the
+    # schema says what is accepted
+    model_config = ConfigDict(extra="allow", json_schema_extra=_stream_options_schema)
 
     include_usage: Bool = False
     continuous_usage_stats: Bool = False   # vLLM's and SGLang's: usage in every chunk
@@ -258,6 +340,9 @@ class CompletionRequest(SamplingFields):
 
 class GenerateRequest(SamplingFields):
     """The native /generate_stream body: a prompt and the same sampling fields."""
+    SCHEMA = {"n": {"enum": [1, None], "description": "one answer per request"},
+              "stream": {"enum": [True, None], "description": "this route always streams"},
+              "stream_options": None}   # the done event carries the counts
     prompt: str = Field(..., min_length=1)
     max_tokens: Int | None = Field(256, ge=1, le=INT32_MAX)
     raw: Bool = Field(False, description="send the prompt as is, without the chat template")

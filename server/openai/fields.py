@@ -10,15 +10,21 @@ once instead of from wrong output.
 """
 from __future__ import annotations
 
+from functools import cache
 from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 
 from server.http.errors import APIError
 
-# Accepted and ignored: they label, store or route a request elsewhere, never change its tokens.
-HARMLESS = frozenset({"user", "metadata", "store", "service_tier", "safety_identifier",
-                      "prompt_cache_key", "prompt_cache_retention"})
+# Accepted and ignored: they label, store or route a request elsewhere, never change its tokens
+# (SGLang's `rid` is a request id). Each has its type (a value of another is a 400 naming it);
+# they stay extra fields at run time, declared in the OpenAPI schema (server/openai/bodies.py).
+LABELS: dict[str, Any] = {
+    "user": str, "metadata": dict[str, Any], "store": bool, "service_tier": str,
+    "safety_identifier": str, "prompt_cache_key": str, "prompt_cache_retention": str,
+    "rid": str | list[str]}
+HARMLESS = frozenset(LABELS)
 
 # OpenAI fields we know and do not implement (yet): any value other than "absent" is refused.
 UNSUPPORTED_CHAT = frozenset({
@@ -26,18 +32,18 @@ UNSUPPORTED_CHAT = frozenset({
     "reasoning_effort", "verbosity"})
 UNSUPPORTED_COMPLETION = frozenset({"suffix", "best_of"})
 
-# Values equal to "not asked for": sending them is the same as leaving the field out.
-_NEUTRAL: dict[str, tuple] = {"best_of": (None, 1)}
+# Values equal to "not asked for": sending them is the same as leaving the field out (the
+# OpenAPI schema declares each field with these values).
+NEUTRAL: dict[str, tuple] = {"best_of": (None, 1)}
 
 # sglang-router (make cluster) forwards requests re-serialized from its own request type, with
 # SGLang's extension fields at their defaults; at those values they ask for nothing.
-_NEUTRAL.update({
+NEUTRAL.update({
     "no_stop_trim": (False,), "skip_special_tokens": (True,),
     "spaces_between_special_tokens": (True,), "separate_reasoning": (True,),
     "stream_reasoning": (True,), "return_hidden_states": (False,), "min_tokens": (0,),
     "logprob_start_len": (-1,), "return_text_in_logprobs": (False, True),
     "continue_final_message": (False,), "ignore_eos": (False,)})
-HARMLESS = HARMLESS | {"rid"}   # SGLang's request id: a label
 
 
 def unsupported(field: str, why: str = "is not supported by this server") -> APIError:
@@ -46,7 +52,9 @@ def unsupported(field: str, why: str = "is not supported by this server") -> API
 
 def check_fields(body: BaseModel, unsupported_fields: frozenset[str]) -> None:
     """Raise a 400 for the first extra field that is neither harmless nor neutral, the
-    request's own or its `stream_options`' ("stream_options.include_obfuscation" names one)."""
+    request's own or its `stream_options`' ("stream_options.include_obfuscation" names one);
+    a label of the wrong type is a 400 too."""
+    check_types(body.model_extra or {}, LABELS)
     for name, value in (body.model_extra or {}).items():
         if name in HARMLESS or _neutral(name, value):
             continue
@@ -54,6 +62,25 @@ def check_fields(body: BaseModel, unsupported_fields: frozenset[str]) -> None:
             raise unsupported(name)
         raise unsupported(name, _UNKNOWN)
     check_stream_options(body)
+
+
+def check_types(extra: dict[str, Any], types: dict[str, Any]) -> None:
+    """Raise a 400 `invalid_value` for an accepted extra field (a label) whose value is not of
+    its type (strictly: `"store": 1` is not a boolean); null is the same as leaving it out."""
+    for name, kind in types.items():
+        value = extra.get(name)
+        if value is None:
+            continue
+        try:
+            _adapter(kind).validate_python(value)
+        except ValidationError as exc:
+            raise APIError(400, f"{name}: {exc.errors()[0]['msg']}", "invalid_value",
+                           name) from None
+
+
+@cache
+def _adapter(kind: Any) -> TypeAdapter:
+    return TypeAdapter(kind, config=ConfigDict(strict=True))
 
 
 def check_keys(obj: dict, allowed: frozenset[str], where: str) -> None:
@@ -81,4 +108,8 @@ _UNKNOWN = ("is not a field this server knows; it is refused rather than ignored
 
 
 def _neutral(name: str, value: Any) -> bool:
-    return value is None or value in _NEUTRAL.get(name, ())
+    """null, or a value equal to "not asked for" and of its type (`"min_tokens": false` is not
+    0: the schema's enum does not take it either)."""
+    return value is None or any(value == v and type(value) is type(v)
+                                for v in NEUTRAL.get(name, ()))
+

@@ -44,22 +44,49 @@ from server.chat.tool_calls import ToolCall, ToolUse
 from server.http.errors import APIError
 from server.http.sse import json_data, message
 from server.openai import sealing
-from server.openai.bodies import INT32_MAX, Bool, Int, SamplingFields
-from server.openai.fields import check_keys, check_stream_options
+from server.openai.bodies import INT32_MAX, Bool, Int, SamplingFields, nullable, or_null
+from server.openai.fields import check_keys, check_stream_options, check_types
 from server.openai.structured import text_format_grammar
 from server.openai.tool_fields import ClientTool, model_name, responses_tools, tool_named
 
 _TEXT_PARTS = {"input_text", "output_text", "text"}
 _CHAT_ONLY = ("response_format", "json_schema", "grammar")
-# Accepted and ignored: they label or route a request.
-_HARMLESS = frozenset({"user", "service_tier", "safety_identifier", "prompt_cache_retention",
-                       "client_metadata"})
+# Accepted and ignored: they label or route a request (of these types: a 400 otherwise).
+_LABELS: dict[str, Any] = {"user": str, "service_tier": str, "safety_identifier": str,
+                           "prompt_cache_retention": str, "client_metadata": dict[str, Any]}
+_HARMLESS = frozenset(_LABELS)
 _FORMAT_FIELDS = ("type", "name", "schema", "description", "strict")
 _CHECKED = frozenset({"include", "reasoning", "truncation"})   # _check_extras
 
 
 class ResponsesRequest(SamplingFields):
     model_config = ConfigDict(extra="allow")   # unknown fields are refused by name, not ignored
+    # the OpenAPI schema (server/openai/bodies.py Body): the extra fields accepted, as
+    # reject_unsupported and _check_extras take them; the fields refused whatever their value
+    # left out, and those taken at one value only
+    EXTRAS = {
+        **nullable(_LABELS, "a label: accepted and ignored"),
+        "include": or_null({"type": "array", "items": {"enum": ["reasoning.encrypted_content"]}},
+                           "extra output: only reasoning items' sealed text"),
+        "reasoning": or_null({"type": "object", "additionalProperties": False,
+                              "properties": dict.fromkeys(("effort", "summary", "generate_summary"),
+                                                          {"type": ["string", "null"]})},
+                             "a hint: a model that does not think has none"),
+        "truncation": {"enum": ["auto", "disabled", None], "description": "an input too long "
+                       "for the context is a 400 either way"}}
+    SCHEMA = {
+        **dict.fromkeys(_CHAT_ONLY),
+        "n": {"enum": [1, None], "description": "one output per response"},
+        "store": {"enum": [False, None], "description": "stateless: no response is kept"},
+        "background": {"enum": [False, None]},
+        "previous_response_id": {"enum": [None, ""], "description": "stateless: send the "
+                                 "history in 'input'"},
+        "stream_options": or_null({"type": "object", "additionalProperties": False,
+                                     "properties": {
+                                         "include_usage": {"type": "boolean"},
+                                         "continuous_usage_stats": {"enum": [False]},
+                                         "include_obfuscation": {"enum": [False, None]}}},
+                                    "the usage comes once, in response.completed")}
 
     model: str
     input: str | list[dict[str, Any]]
@@ -91,6 +118,7 @@ def _unsupported(param: str, why: str) -> APIError:
 
 
 def reject_unsupported(body: ResponsesRequest) -> None:
+    check_types(body.model_extra or {}, _LABELS)
     for name, value in (body.model_extra or {}).items():
         if value not in (None, [], {}) and name not in _HARMLESS | _CHECKED:
             raise _unsupported(name, "this server does not implement it, and ignoring it could "

@@ -462,13 +462,16 @@ class Service:
         spec = (f" drafted={drafted} accepted={sum(r.num_accepted for r in choices)}"
                 if drafted else "")
         ignored = getattr(http.state, "ignored_tools", None)
+        batch_line = getattr(http.state, "batch_line", None)   # a Batch API line's, ID#LINE
+        http.state.logged = True
         log.info("%s %s %s model=%s prompt=%d cached=%d completion=%d%s%s ttft=%s total=%.3fs "
-                 "finish=%s%s", http.method, http.url.path, outcome, worker.name,
+                 "finish=%s%s%s", http.method, http.url.path, outcome, worker.name,
                  sum(len(p.prompt) for _, p in parts), sum(p.num_cached for _, p in parts),
                  sum(r.num_output for r in choices), spec,
                  f" choices={len(choices)}" if len(choices) > 1 else "", ttft,
                  now - req.arrival_time, req.finish_reason or "cancelled",
-                 f" ignored_tools={','.join(ignored)}" if ignored else "")
+                 f" ignored_tools={','.join(ignored)}" if ignored else "",
+                 f" batch={batch_line}" if batch_line else "")
 
 
 _ERROR_STATUS = {ErrorKind.ENGINE: 500, ErrorKind.INVALID: 400, ErrorKind.SHUTDOWN: 503}

@@ -109,3 +109,157 @@ def test_max_tokens_0_and_prompt_lists_are_valid():
 def test_every_prompt_of_a_list_is_checked_for_lone_surrogates():
     error = error_of({"prompt": ["ok", "fine", "a\udc00"]})
     assert error["type"] == "invalid_unicode" and error["ctx"]["where"] == "prompt.2"
+
+
+# ---- the OpenAPI schema states what is accepted ------------------------------------------------
+from pathlib import Path  # noqa: E402
+
+import jsonschema  # noqa: E402
+
+from server.anthropic.messages_body import (  # noqa: E402
+    CountTokensRequest,
+    MessagesRequest,
+)
+from server.anthropic.messages_body import check_fields as check_messages  # noqa: E402
+from server.http.errors import APIError  # noqa: E402
+from server.main import app  # noqa: E402
+from server.openai.bodies import GenerateRequest  # noqa: E402
+from server.openai.fields import check_fields  # noqa: E402
+from server.openai.responses_api import reject_unsupported  # noqa: E402
+
+DOC = app.openapi()
+BODIES = {"/v1/chat/completions": "ChatCompletionRequest", "/v1/completions": "CompletionRequest",
+          "/v1/responses": "ResponsesRequest", "/v1/messages": "MessagesRequest",
+          "/v1/messages/count_tokens": "CountTokensRequest", "/v1/embeddings": "EmbeddingRequest",
+          "/tokenize": "TokenizeRequest", "/detokenize": "DetokenizeRequest",
+          "/generate_stream": "GenerateRequest"}
+SCHEMAS = DOC["components"]["schemas"]
+
+
+def validator(name: str) -> jsonschema.Draft202012Validator:
+    """A validator of one of the document's schemas (its $refs resolved in the document)."""
+    return jsonschema.Draft202012Validator({"$ref": f"#/components/schemas/{name}",
+                                            "components": DOC["components"]})
+
+
+@pytest.mark.parametrize("path,name", sorted(BODIES.items()))
+def test_every_request_body_refuses_unknown_fields_in_its_schema(path, name):
+    ref = DOC["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    assert ref == {"$ref": f"#/components/schemas/{name}"}
+    assert SCHEMAS[name]["additionalProperties"] is False
+    assert SCHEMAS["StreamOptions"]["additionalProperties"] is False
+
+
+@pytest.mark.parametrize("name,fields", [
+    ("ChatCompletionRequest", {"user", "metadata", "store", "service_tier", "safety_identifier",
+                               "prompt_cache_key", "prompt_cache_retention", "rid",
+                               "skip_special_tokens", "min_tokens"}),
+    ("CompletionRequest", {"user", "metadata", "prompt_cache_key", "best_of"}),
+    ("ResponsesRequest", {"user", "metadata", "prompt_cache_key", "client_metadata", "include",
+                          "reasoning", "truncation", "service_tier", "safety_identifier",
+                          "prompt_cache_retention", "store", "text", "tools"}),
+    ("MessagesRequest", {"metadata", "context_management", "output_config", "cache_control",
+                         "service_tier", "inference_geo", "speed", "thinking"}),
+    ("CountTokensRequest", {"metadata", "context_management", "output_config", "cache_control"}),
+    ("EmbeddingRequest", {"user", "encoding_format", "dimensions"}),
+])
+def test_the_fields_agents_send_are_declared(name, fields):
+    assert fields <= set(SCHEMAS[name]["properties"])
+
+
+@pytest.mark.parametrize("name", ["ResponsesRequest", "GenerateRequest"])
+def test_fields_a_route_refuses_whatever_their_value_are_not_declared(name):
+    refused = {"ResponsesRequest": {"response_format", "json_schema", "grammar"},
+               "GenerateRequest": {"stream_options"}}[name]
+    assert not refused & set(SCHEMAS[name]["properties"])
+
+
+def test_the_bodies_agents_really_send_are_valid_by_the_schema():
+    """Claude Code's, Codex's and opencode's recorded requests (tests/fixtures/agents)."""
+    fixtures = sorted((Path(__file__).parent.parent / "fixtures" / "agents").glob("*.json"))
+    assert fixtures
+    for f in fixtures:
+        recorded = json.loads(f.read_text())
+        errors = list(validator(BODIES[recorded["path"]]).iter_errors(recorded["body"]))
+        assert not errors, (f.name, [e.message for e in errors][:3])
+
+
+def _chat(body: dict) -> None:
+    check_fields(ChatCompletionRequest.model_validate(body), frozenset())
+
+
+CHECKED_BY = [
+    (ChatCompletionRequest, CHAT, _chat),
+    (ResponsesRequest, {"model": "m", "input": "hi"},
+     lambda b: reject_unsupported(ResponsesRequest.model_validate(b))),
+    (MessagesRequest, {"model": "m", "max_tokens": 8, "messages": [{"role": "user",
+                                                                    "content": "hi"}]},
+     lambda b: check_messages(MessagesRequest.model_validate(b))),
+    (CountTokensRequest, {"model": "m", "messages": [{"role": "user", "content": "hi"}]},
+     lambda b: check_messages(CountTokensRequest.model_validate(b))),
+    (GenerateRequest, {"prompt": "hi"},
+     lambda b: check_fields(GenerateRequest.model_validate(b), frozenset())),
+]
+
+
+@pytest.mark.parametrize("model,body,check", CHECKED_BY, ids=lambda v: getattr(v, "__name__", ""))
+def test_a_declared_extra_field_is_accepted_with_its_type_and_refused_with_another(model, body,
+                                                                                  check):
+    """Each field the schema declares beyond the model's own (kept as an extra at run time): a
+    value the schema allows passes the route's check; null is the same as leaving it out; a
+    value the schema does not allow is a 400 naming it."""
+    valid = validator(model.__name__)
+    assert model.EXTRAS
+    for field, schema in model.EXTRAS.items():
+        if field in model.model_fields:
+            continue
+        value = _example(schema)
+        for ok in (value, None):
+            assert valid.is_valid({**body, field: ok}), (field, ok)
+            check({**body, field: ok})
+        wrong = "x" if isinstance(value, (dict, list)) else {"x": 1}
+        assert not valid.is_valid({**body, field: wrong}), field
+        with pytest.raises(APIError) as exc:
+            check({**body, field: wrong})
+        assert exc.value.status == 400 and (exc.value.param or "").startswith(field), field
+
+
+def _example(schema: dict):
+    """A value other than null that the schema allows."""
+    for branch in schema.get("anyOf", [schema]):
+        if "enum" in branch and any(v is not None for v in branch["enum"]):
+            return next(v for v in branch["enum"] if v is not None)
+        kind = branch.get("type")
+        kind = next(k for k in kind if k != "null") if isinstance(kind, list) else kind
+        if kind in ("string", "boolean", "object", "array"):
+            return {"string": "x", "boolean": True, "object": {}, "array": []}[kind]
+    raise AssertionError(f"no example for {schema}")
+
+
+@pytest.mark.parametrize("model,base,fields", [
+    (ChatCompletionRequest, CHAT, ("n", "stream")),
+    (CompletionRequest, {"model": "m", "prompt": "hi"}, ("n", "stream", "echo")),
+    (ResponsesRequest, {"model": "m", "input": "hi"}, ("n", "stream")),
+    (GenerateRequest, {"prompt": "hi"}, ("n", "stream")),
+    (MessagesRequest, {"model": "m", "max_tokens": 8, "messages": [{}]}, ("stream",)),
+])
+def test_a_null_the_schema_allows_is_the_default(model, base, fields):
+    valid = validator(model.__name__)
+    default = model.model_validate(base)
+    for field in fields:
+        assert valid.is_valid({**base, field: None}), field
+        body = model.model_validate({**base, field: None})
+        assert getattr(body, field) == getattr(default, field) and not body.model_extra
+
+
+def test_streamed_answers_are_event_streams_whose_events_the_schema_describes():
+    streamed = {"/v1/chat/completions": "message", "/v1/completions": "message",
+                "/v1/responses": "response.output_text.delta", "/v1/messages": "message_start",
+                "/generate_stream": "token"}
+    for path, event in streamed.items():
+        content = DOC["paths"][path]["post"]["responses"]["200"]["content"]
+        schema = content["text/event-stream"]["schema"]
+        check = jsonschema.Draft202012Validator(schema)
+        assert check.is_valid({"event": event, "data": "{}"}), path
+        assert not check.is_valid({"event": "bogus", "data": "{}"}), path
+        assert not check.is_valid("data: {}"), path

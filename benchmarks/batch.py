@@ -1,0 +1,249 @@
+"""The Batch API at background priority (docs/api.md, "Batch API"): what a batch running beside
+interactive chats costs them, and how fast a batch runs alone against a client sending the same
+requests itself.
+
+    python -m benchmarks.batch                        # starts our server (SmolLM2, 2 threads)
+    python -m benchmarks.batch --base-url http://127.0.0.1:8000
+    python -m benchmarks.batch --quick                # a tiny run (the test's)
+
+Three measurements on one server, in this order:
+1. interactive chats: `--streams` clients, each sending `--interactive` short streamed chats one
+   after another with `--think` seconds between them, alone and then while a batch of
+   `--batch-lines` lines runs (created first and running before the chats start; cancelled
+   after them): TTFT p50 / p95 and output tokens a second of the chats, and the ratios with /
+   alone; how many batch lines finished meanwhile;
+2. the batch alone: the same lines as a batch, from creation to `completed`: lines and output
+   tokens a second;
+3. a client: the same requests sent streamed at each concurrency of `--sweep`; the best output
+   tokens a second, and the batch's throughput as a share of it.
+
+Batch lines are chats of ~`--batch-input-len` tokens answering `--batch-output-len` tokens
+(`ignore_eos`, greedy), so every run computes as many tokens; each run has prompts of its own
+(the same lengths, other words), so that none finds another's prompts in the prefix cache.
+The server started here gets a fresh PAGEDLLAMA_STATE_DIR (the batch store) and `--our-env`
+settings; a server given by --base-url is used as it is (its Batch API must be free to run
+this batch).
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import tempfile
+import time
+from contextlib import ExitStack
+
+import httpx
+import numpy as np
+
+from benchmarks.harness import datasets as ds
+from benchmarks.harness.client import RequestOutput, check_loopback, first_model, make_client, payload, send
+from benchmarks.harness.launch import launched, our_server, parse_env, stop_servers_on_sigterm
+from benchmarks.harness.metrics import finish
+from benchmarks.harness.options import CHAT, add, parser
+from benchmarks.harness.workload import calibrate, run_workload, warmup
+
+
+def parse_args(argv: list[str] | None = None):
+    p = parser("benchmarks.batch", __doc__, "model", "threads", "our_env", "quick")
+    p.add_argument("--base-url", default=None, help="a running server (default: start ours)")
+    p.add_argument("--streams", type=int, default=2, help="interactive clients")
+    p.add_argument("--interactive", type=int, default=12, help="chats per interactive client")
+    p.add_argument("--think", type=float, default=1.0, help="seconds between a client's chats")
+    p.add_argument("--input-len", type=int, default=64, help="interactive prompt tokens")
+    p.add_argument("--output-len", type=int, default=32, help="interactive answer tokens")
+    p.add_argument("--batch-lines", type=int, default=48)
+    p.add_argument("--batch-input-len", type=int, default=96)
+    p.add_argument("--batch-output-len", type=int, default=64)
+    p.add_argument("--sweep", default="1,2,4,8,16", help="client concurrencies")
+    add(p, "seed", "request_timeout", "result_file", request_timeout=300.0)
+    args = p.parse_args(argv)
+    if args.quick:
+        args.streams, args.interactive, args.think = 1, 3, 0.2
+        args.input_len, args.output_len = 24, 4
+        args.batch_lines, args.batch_input_len, args.batch_output_len = 4, 24, 6
+        args.sweep = "1,2"
+    args.concurrencies = [int(c) for c in args.sweep.split(",") if c.strip()]
+    if not args.concurrencies or min(args.concurrencies) < 1:
+        p.error("--sweep: comma-separated concurrencies of at least 1")
+    return args
+
+
+def pct_ms(values: list[float], q: float) -> float | None:
+    return float(np.percentile(np.asarray(values) * 1000, q)) if values else None
+
+
+async def interactive(base: str, model: str, args, cal: ds.Calibration, tag: str) -> dict:
+    """`streams` closed-loop clients, each sending `interactive` short chats with think time."""
+    convs = ds.random_dataset(args.streams * args.interactive, args.input_len, cal, args.seed, tag)
+    outs: list[RequestOutput] = []
+
+    async def one_client(i: int) -> None:
+        for k in range(args.interactive):
+            conv = convs[i * args.interactive + k]
+            body = payload(model, ds.chat_messages(conv, 0), True, args.output_len, True)
+            outs.append(await send(client, base + CHAT, body, True, args.request_timeout))
+            await asyncio.sleep(args.think)
+
+    start = time.perf_counter()
+    async with make_client(args.streams, args.request_timeout) as client:
+        await asyncio.gather(*(one_client(i) for i in range(args.streams)))
+    duration = time.perf_counter() - start
+    done = [o for o in outs if o.ok]
+    busy = sum(o.latency for o in done)     # think time left out: tokens while a chat waits
+    return {"sent": len(outs), "completed": len(done), "duration_s": duration,
+            "ttft_p50_ms": pct_ms([o.ttft for o in done], 50),
+            "ttft_p95_ms": pct_ms([o.ttft for o in done], 95),
+            "tpot_p50_ms": pct_ms([t for o in done if (t := o.tpot) is not None], 50),
+            "output_tokens": sum(o.output_tokens for o in done),
+            "tok_s_per_chat": (sum(o.output_tokens for o in done) / busy) if busy else 0.0,
+            "errors": sorted({o.error for o in outs if not o.ok})}
+
+
+def batch_file(model: str, args, cal: ds.Calibration, tag: str) -> tuple[bytes, list[dict]]:
+    convs = ds.random_dataset(args.batch_lines, args.batch_input_len, cal, args.seed, tag)
+    bodies = [payload(model, ds.chat_messages(c, 0), True, args.batch_output_len, True, stream=False)
+              for c in convs]
+    lines = [{"custom_id": f"line-{i}", "method": "POST", "url": CHAT, "body": b}
+             for i, b in enumerate(bodies)]
+    return "".join(json.dumps(x) + "\n" for x in lines).encode(), bodies
+
+
+async def create_batch(http: httpx.AsyncClient, data: bytes) -> str:
+    f = await http.post("/v1/files", files={"file": ("batch.jsonl", data)}, data={"purpose": "batch"})
+    f.raise_for_status()
+    b = await http.post("/v1/batches", json={"input_file_id": f.json()["id"], "completion_window": "24h",
+                                             "endpoint": CHAT})
+    b.raise_for_status()
+    return b.json()["id"]
+
+
+async def batch_state(http: httpx.AsyncClient, batch_id: str) -> dict:
+    r = await http.get(f"/v1/batches/{batch_id}")
+    r.raise_for_status()
+    return r.json()
+
+
+async def wait_batch(http: httpx.AsyncClient, batch_id: str, done, timeout: float) -> dict:
+    deadline = time.monotonic() + timeout
+    while True:
+        b = await batch_state(http, batch_id)
+        if done(b) or b["status"] in ("failed", "expired", "cancelled", "completed"):
+            return b
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"batch {batch_id} still {b['status']} after {timeout:.0f} s")
+        await asyncio.sleep(0.1)
+
+
+async def beside_batch(base: str, model: str, args, cal: ds.Calibration, data: bytes) -> dict:
+    """The interactive chats while a batch runs (started and running before them)."""
+    async with httpx.AsyncClient(base_url=base, timeout=60, trust_env=False) as http:
+        batch_id = await create_batch(http, data)
+        before = await wait_batch(http, batch_id, lambda b: b["request_counts"]["completed"] >= 1,
+                                  args.request_timeout)
+        chats = await interactive(base, model, args, cal, "beside")
+        after = await batch_state(http, batch_id)
+        if after["status"] == "in_progress":
+            await http.post(f"/v1/batches/{batch_id}/cancel")
+            await wait_batch(http, batch_id, lambda b: False, args.request_timeout)
+    chats["batch_lines_done"] = after["request_counts"]["completed"] - before["request_counts"]["completed"]
+    chats["batch_status_after"] = after["status"]
+    return chats
+
+
+async def batch_alone(base: str, data: bytes, args) -> dict:
+    async with httpx.AsyncClient(base_url=base, timeout=60, trust_env=False) as http:
+        t0 = time.perf_counter()
+        batch_id = await create_batch(http, data)
+        b = await wait_batch(http, batch_id, lambda b: False, args.request_timeout * args.batch_lines)
+        took = time.perf_counter() - t0
+    counts, usage = b["request_counts"], b.get("usage") or {}
+    return {"status": b["status"], "seconds": took, "completed": counts["completed"],
+            "failed": counts["failed"], "output_tokens": usage.get("output_tokens", 0),
+            "lines_s": counts["completed"] / took, "tok_s": usage.get("output_tokens", 0) / took}
+
+
+async def client_sweep(base: str, model: str, args, cal: ds.Calibration) -> dict:
+    out = {}
+    for c in args.concurrencies:
+        convs = ds.random_dataset(args.batch_lines, args.batch_input_len, cal, args.seed, f"client-{c}")
+        report, _ = await run_workload(base, CHAT, model, convs, max_concurrency=c,
+                                       output_len=args.batch_output_len, ignore_eos=True,
+                                       request_timeout=args.request_timeout, progress=False)
+        out[c] = {"tok_s": report["output_throughput"], "seconds": report["duration_s"],
+                  "completed": report["completed"], "failed": report["failed"]}
+        print(f"client at {c}: {report['output_throughput']:.1f} tok/s", file=sys.stderr, flush=True)
+    return out
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
+
+
+async def run(base: str, args) -> dict:
+    model = first_model(base)
+    await warmup(base, CHAT, model, 2, args.seed)
+    cal = await calibrate(base, CHAT, model, args.seed)
+    alone = await interactive(base, model, args, cal, "alone")
+    print(f"chats alone: TTFT p95 {alone['ttft_p95_ms']:.0f} ms", file=sys.stderr, flush=True)
+    beside = await beside_batch(base, model, args, cal, batch_file(model, args, cal, "batch-beside")[0])
+    print(f"chats beside a batch: TTFT p95 {beside['ttft_p95_ms']:.0f} ms", file=sys.stderr, flush=True)
+    batch = await batch_alone(base, batch_file(model, args, cal, "batch-alone")[0], args)
+    print(f"batch alone: {batch['tok_s']:.1f} tok/s", file=sys.stderr, flush=True)
+    sweep = await client_sweep(base, model, args, cal)
+    best_c = max(sweep, key=lambda c: sweep[c]["tok_s"])
+    return {
+        "model": model, "interactive_alone": alone, "interactive_beside_batch": beside,
+        "batch_alone": batch, "client_sweep": sweep, "best_concurrency": best_c,
+        "ratios": {
+            "ttft_p95_beside_over_alone": ratio(beside["ttft_p95_ms"], alone["ttft_p95_ms"]),
+            "ttft_p50_beside_over_alone": ratio(beside["ttft_p50_ms"], alone["ttft_p50_ms"]),
+            "chat_tok_s_beside_over_alone": ratio(beside["tok_s_per_chat"], alone["tok_s_per_chat"]),
+            "batch_over_best_client": ratio(batch["tok_s"], sweep[best_c]["tok_s"])},
+        "failed": (alone["sent"] - alone["completed"]) + (beside["sent"] - beside["completed"])
+                  + batch["failed"] + sum(s["failed"] for s in sweep.values()),
+    }
+
+
+def fmt(x: float | None, spec: str = ".2f") -> str:
+    return "n/a" if x is None else format(x, spec)
+
+
+def table(r: dict, args) -> str:
+    a, b, batch, ratios = r["interactive_alone"], r["interactive_beside_batch"], r["batch_alone"], r["ratios"]
+    lines = [f"batch at background priority · {r['model']} · {args.streams} chat clients × {args.interactive} "
+             f"(~{args.input_len} in / {args.output_len} out, think {args.think:g} s) · batch of "
+             f"{args.batch_lines} lines (~{args.batch_input_len} in / {args.batch_output_len} out)",
+             f"{'':28}{'TTFT p50':>10}{'TTFT p95':>10}{'tok/s a chat':>14}{'batch lines done':>18}",
+             f"{'chats alone':28}{fmt(a['ttft_p50_ms'], '.0f'):>8}ms{fmt(a['ttft_p95_ms'], '.0f'):>8}ms"
+             f"{a['tok_s_per_chat']:14.1f}{'':>18}",
+             f"{'chats beside a batch':28}{fmt(b['ttft_p50_ms'], '.0f'):>8}ms{fmt(b['ttft_p95_ms'], '.0f'):>8}ms"
+             f"{b['tok_s_per_chat']:14.1f}{b['batch_lines_done']:18d}",
+             f"ratios beside / alone: TTFT p95 {fmt(ratios['ttft_p95_beside_over_alone'])}x, "
+             f"p50 {fmt(ratios['ttft_p50_beside_over_alone'])}x, "
+             f"tok/s a chat {fmt(ratios['chat_tok_s_beside_over_alone'])}x",
+             f"batch alone: {batch['completed']} lines in {batch['seconds']:.1f} s, {batch['tok_s']:.1f} tok/s, "
+             f"{batch['lines_s']:.2f} lines/s ({batch['status']})",
+             "client: " + ", ".join(f"{c} at a time {s['tok_s']:.1f} tok/s" for c, s in r["client_sweep"].items()),
+             f"batch / best client ({r['best_concurrency']} at a time): "
+             f"{fmt(ratios['batch_over_best_client'])}x"]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    stop_servers_on_sigterm()
+    with ExitStack() as stack:
+        if args.base_url:
+            base = check_loopback(args.base_url)
+        else:
+            state = stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-batch-"))
+            env = {**parse_env(args.our_env), "PAGEDLLAMA_STATE_DIR": state}
+            base = stack.enter_context(launched(our_server(args.model, args.threads, env=env)))
+        result = asyncio.run(run(base, args))
+    finish(table(result, args), {"benchmark": "batch", "args": vars(args), **result}, args.result_file)
+    return 0 if result["failed"] == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
