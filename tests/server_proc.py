@@ -16,7 +16,6 @@ MODELS = ROOT / "models"
 SMOLLM2 = MODELS / "SmolLM2-135M-Instruct.Q4_1.gguf"
 GEMMA3 = MODELS / "gemma-3-270m-q4_k_m.gguf"
 SMOLLM2_NAME = "SmolLM2-135M-Instruct.Q4_1"
-STATE_DIR = Path(tempfile.mkdtemp(prefix="pagedllama-test-state-"))
 
 
 @dataclass
@@ -58,9 +57,10 @@ def server_process(env: dict[str, str] | None = None, startup_timeout: float = 1
     """Like running_server, but yields the ServerProcess (to signal it, read its log)."""
     port = free_port()
     # a short drain: a test that leaves a request running does not hold up the teardown
-    # a state directory of the test run's own (batches, the reasoning key), never the user's
+    # a state directory of this server's own (batches, the reasoning key), never the user's
+    state = tempfile.mkdtemp(prefix="pagedllama-test-state-")
     full_env = {**os.environ, "PAGEDLLAMA_LOG_LEVEL": "info", "PAGEDLLAMA_DRAIN_SECONDS": "3",
-                "PAGEDLLAMA_STATE_DIR": str(STATE_DIR), **(env or {})}
+                "PAGEDLLAMA_STATE_DIR": state, **(env or {})}
     log_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"pagedllama-test-{port}.log"
     log = log_path.open("w")
     proc = subprocess.Popen(
