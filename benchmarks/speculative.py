@@ -87,7 +87,7 @@ def parse_args(argv: list[str] | None = None):
 class Slice:
     """One server's run of one slice."""
     report: dict
-    texts: list[str]
+    texts: list[str | None]          # per request: its answer, None where it failed
     decode_tok_s: list[float]        # per request: output tokens after the first / time after
     cpu_s: float
     drafted: int | None
@@ -151,7 +151,7 @@ async def run_slice(name: str, base: str, model: str, convs: list[ds.Conversatio
         accepted = sum(o.draft_accepted or 0 for o in outputs)
     else:
         drafted = accepted = None
-    texts = [c.answers[0] if c.answers else "" for c in fresh]
+    texts = [c.answers[0] if c.answers else None for c in fresh]
     return Slice(report, texts, decode, cpu1 - cpu0, drafted, accepted)
 
 
@@ -190,7 +190,7 @@ def summarize(setting: Setting) -> dict:
         accepted = [s.accepted for s in slices if s.accepted is not None]
         acc = sum(accepted) / sum(drafted) if drafted and sum(drafted) else None
         per_step = (out_tokens / (out_tokens - sum(accepted))
-                    if accepted and out_tokens > sum(accepted) else 1.0)
+                    if accepted and out_tokens > sum(accepted) else None)
         row = {"tok_s": statistics.median(tok_s),
                "decode_tok_s": statistics.mean(decode) if decode else None,
                "tpot_p50_ms": statistics.median(s.report["median_tpot_ms"] for s in slices),
@@ -213,9 +213,10 @@ def summarize(setting: Setting) -> dict:
 def identical(settings: list[Setting], a: str, b: str) -> tuple[int, int]:
     """Greedy requests whose answers from servers a and b (every run of each: all stream
     counts and rounds) are one and the same text; and how many requests were compared. An
-    extractive request is the same request at every stream count."""
+    extractive request is the same request at every stream count. A request that failed in any
+    run has no answer to compare there: it is compared, and never identical."""
     pool = len(ds.extractive_dataset())
-    texts: dict[tuple, set[str]] = {}
+    texts: dict[tuple, set[str | None]] = {}
     for st in settings:
         if st.mode != "greedy" or a not in st.slices or b not in st.slices:
             continue
@@ -225,7 +226,7 @@ def identical(settings: list[Setting], a: str, b: str) -> tuple[int, int]:
                 key = (("extractive", (r * n + i) % pool) if st.workload == "extractive"
                        else (st.workload, st.streams, r, i))
                 texts.setdefault(key, set()).update({sa.texts[i], sb.texts[i]})
-    return sum(1 for v in texts.values() if len(v) == 1), len(texts)
+    return sum(1 for v in texts.values() if len(v) == 1 and None not in v), len(texts)
 
 
 def table(settings: list[Setting], args) -> str:
@@ -239,11 +240,11 @@ def table(settings: list[Setting], args) -> str:
         for name, r in rows.items():
             def f(v, fmt):
                 width = int(fmt.split(".")[0])
-                return format(v, fmt) if v is not None else "–".rjust(width)
+                return format(v, fmt) if v is not None else "n/a".rjust(width)
             lines.append(f"{name:28}{r['tok_s']:8.1f}{f(r.get('ratio'), '7.2f')}"
                          f"{f(r['decode_tok_s'], '10.1f')}{f(r.get('decode_ratio'), '7.2f')}"
                          f"{r['tpot_p50_ms']:8.1f}ms{f(r['acceptance'], '8.2f')}"
-                         f"{r['tokens_per_step']:9.2f}{r['cpu_ms_per_token']:11.1f}"
+                         f"{f(r['tokens_per_step'], '9.2f')}{r['cpu_ms_per_token']:11.1f}"
                          + (f"  {r['failed']} failed" if r["failed"] else ""))
     names = list(settings[0].slices) if settings else []
     pairs = [(a, b) for a, b in (("ours", "ours-off"),

@@ -78,7 +78,8 @@ class SharedTable:
         if slots & (slots - 1):
             raise ValueError("slots must be a power of two")
         self.n, self.mask = n, slots - 1
-        self.keys = array("q", bytes(8 * slots))
+        # made by repetition: an array built from bytes over-allocates by 1/16
+        self.keys = array("q", [0]) * slots
         self.values = array("i", [-1]) * slots
         self.used = 0
 

@@ -1,11 +1,14 @@
 """The step loop: one worker thread per llama.cpp context.
 
-Each step (`Worker._step`): plan (the scheduler: which sequences, how many tokens each, which KV
-operations first), apply the plan's KV operations, end the requests whose deadline passed,
-decode the batch (one `llama_decode`, or with split KV one call per micro-batch shape: `_groups`;
-the GIL is released inside), sample every sequence that produced logits and post-process its
-token in one place (append, stop checks, finish), apply the frees of what finished, and hand the
-step's new text to the event loop in one hand-off (engine/handoff.py).
+Each step (`Worker._step`): propose drafts (engine/speculation.py), plan (the scheduler: which
+sequences, how many tokens each, which drafts verify, which KV operations first), apply the
+plan's KV operations, end the requests whose deadline passed, decode the batch (one
+`llama_decode`, or with split KV one call per micro-batch shape: `_groups`; the GIL is released
+inside), sample every sequence that produced logits and verify the drafted tokens of
+verification pieces, post-processing each token in one place (append, stop checks, finish),
+apply the frees of what finished, and hand the step's new text to the event loop in one hand-off
+(engine/handoff.py). Speculation's state and decisions are engine/speculation.py's: the worker
+calls it at those points, and drafts reach the scheduler through the scheduler's methods.
 
 Invariants:
 - The HTTP event loop never calls llama.cpp; it reads only what the worker publishes (immutable
@@ -35,7 +38,6 @@ from dataclasses import replace
 
 from engine.config import EngineConfig
 from engine.detok import TextStream
-from engine.drafting import Drafter, verify
 from engine.gather import WaveGather
 from engine.grammar import tokenizer_for
 from engine.handoff import hand_over
@@ -44,19 +46,13 @@ from engine.llama import Context, ContextConfig, Model
 from engine.logprobs import TokenLogprob, token_logprob
 from engine.request import Admit, Cancel, ErrorKind, Event, InboxMessage, Request
 from engine.sampling import Sampler
+from engine.speculation import Speculation, speculation_mode
 from engine.stats import ContextStats, StepTimes
 from engine.threads import CoreBudget
 from kvcache import BlockManager, CopyOp, DropSavedOp, RemoveOp, RestoreOp, SaveOp, block_hashes
 from scheduler import FinishReason, Scheduler, Sequence, Status, StepPlan, make_policy
-from scheduler.speculation import worth_drafting
 
 log = logging.getLogger("pagedllama.engine")
-
-# the start-up probe's answers in this process (Worker._probe_pieces), by what decides them: the
-# model file, the attention kernel and KV type, the piece lengths. A model loaded again, or a
-# second context of it, does not decode the probe again.
-_probed: dict[tuple, bool] = {}
-_probed_lock = threading.Lock()
 
 
 class Observer:
@@ -76,8 +72,8 @@ class QueueFull(Exception):
 Delivery = tuple[Request, Event]
 
 # A decode call this many times slower than calls of its shape lately (and by this much) means
-# contention for our cores (_observe_cost): a neighbour stalls threads that meet at barriers
-# tens of times over, while steps vary by far less than this on their own.
+# contention for our cores: a neighbour stalls threads that meet at barriers tens of times over,
+# while steps vary by far less than this on their own. The lease gives up a thread at once.
 SLOW_STEP = 4.0
 SLOW_STEP_MARGIN_S = 0.05
 
@@ -99,7 +95,8 @@ class Worker:
             n_threads=config.n_threads, kv_unified=config.kv_unified,
             flash_attn=config.flash_attn, kv_type=config.kv_type,
             n_outputs_max=config.n_outputs_max))
-        self.speculative: bool = self._speculation(config)
+        self.speculative, self.speculative_note = speculation_mode(name, model, self.context,
+                                                                   config)
         self.manager = BlockManager(
             config.total_cells // config.block_size, block_size=config.block_size,
             num_seq_ids=config.n_seq_max, prefix_caching=config.prefix_caching,
@@ -112,9 +109,8 @@ class Worker:
             max_swapped_tokens=config.max_swapped_tokens,
             max_draft=config.max_draft if self.speculative else 0,
             draft_always=config.spec_policy == "always")
-        self.drafter = Drafter(config.max_draft) if self.speculative else None
-        self.spec = SpecCounts(config.max_draft)
         self.max_seq_len = min(config.n_ctx, self.context.n_ctx_seq)
+        self.speculation = Speculation(config, self.scheduler, self.speculative, self.max_seq_len)
         self.inbox: deque[InboxMessage] = deque()
         self.wakeup = threading.Event()
         self.submitted = 0            # written by the event loop only
@@ -125,52 +121,11 @@ class Worker:
         self.gather = WaveGather(self.scheduler, self.wakeup, self._drain_inbox)
         self.times = StepTimes()
         self._step_decode_s = 0.0     # this step's time inside llama_decode
-        self._step_accepted = 0
         self.publish_prefixes = publish_prefixes
         self.cached_hashes: frozenset[int] = frozenset()   # published for the router
         self.stats = self._collect_stats()                 # published for /health and metrics
         self._stop = False
         self._thread = threading.Thread(target=self._run, name=f"engine-{name}", daemon=True)
-
-    def _speculation(self, config: EngineConfig) -> bool:
-        """Whether this context verifies drafts. Speculation keeps answers exact only where a
-        token computed inside a verification piece gets the numbers it gets decoded alone
-        (Context.pieces_match_decoding, probed once a process per model file and kernel: ~1.5 s
-        for SmolLM2 on one thread); where it does not (plain
-        attention on the CPU), it stays off and says so. On a GPU answers depend on the batch
-        anyway (docs/gpu.md): no probe there."""
-        if config.speculative == "off":
-            self.speculative_note = "off"
-            return False
-        if self.model.on_gpu or self._probe_pieces(config):
-            self.speculative_note = config.speculative
-            return True
-        self.speculative_note = ("off: verification pieces would not compute what decoding "
-                                 "computes with this attention kernel")
-        log.warning("engine %s: speculative decoding off: tokens inside a verification piece "
-                    "get other numbers than decoded one at a time (attention: %s), so answers "
-                    "would change", self.name, self.context.attention or "plain")
-        return False
-
-    def _probe_pieces(self, config: EngineConfig) -> bool:
-        """The probe on one thread: answers do not depend on the thread count, and two threads
-        next to a busy process stall at llama.cpp's barriers before the lease can react. Its
-        answer is kept for the process (`_probed`)."""
-        longest = min(config.max_draft + 1, config.step_tokens, config.n_outputs_max)
-        lengths = tuple(sorted(k for k in {2, 3, 5, 9, longest} if k <= longest))
-        path = self.model.path.resolve()
-        stat = path.stat()
-        # the attention path is None exactly when flash attention is off
-        key = (str(path), stat.st_size, stat.st_mtime_ns, self.context.attention,
-               config.kv_type, lengths)
-        with _probed_lock:
-            if key not in _probed:
-                self.context.set_threads(1)
-                try:
-                    _probed[key] = self.context.pieces_match_decoding(lengths=lengths)
-                finally:
-                    self.context.set_threads(config.n_threads)
-            return _probed[key]
 
     @property
     def steps(self) -> int:
@@ -290,17 +245,17 @@ class Worker:
         state.sampler = Sampler(p, self.model.n_vocab,
                                 tokenizer_for(self.model) if p.grammar else None)
         state.stream = TextStream(self.model.piece, p.stop)
-        if self.drafter is not None:
-            state.draft = self.drafter.start()
+        self.speculation.start(req)
         return state.seq
 
     def _step(self) -> None:
         t0 = time.perf_counter()
         self.lease.adapt(self.context)
-        self._draft()
+        self.speculation.propose()
         plan = self.scheduler.schedule()
         self._apply(plan.ops)
-        events = self._expire()
+        events = [self._finish(s.owner, FinishReason.TIMEOUT)   # the scheduler ended them
+                  for s in self.scheduler.take_expired()]
         self.stats = self._collect_stats(self.stats.step_ms)   # what runs during this decode
         self.times.plan_s += time.perf_counter() - t0
         if plan.chunks:
@@ -317,70 +272,26 @@ class Worker:
         self.times.deliver_s += t2 - t1
         if plan.chunks:   # what the step cost outside llama_decode (speculation's overhead)
             self.scheduler.costs.observe_overhead(t2 - t0 - self._step_decode_s)
-            if self.drafter is not None and all(c.end - c.start == 1 + c.drafted
-                                                for c in plan.chunks):   # no prompt piece
-                costs = self.scheduler.costs
-                costs.observe_draft_step(plan.draft_s, self._step_decode_s)
-                costs.observe_decoding_step(len(plan.chunks),
-                                            len(plan.chunks) + self._step_accepted, t2 - t0,
-                                            any(c.drafted for c in plan.chunks))
-
-    def _draft(self) -> None:
-        """The drafting step: each decoding sequence proposes the tokens that may follow its
-        last one (engine/drafting.py), cut to what it may still produce and to what its grammar
-        allows, with its recent acceptance; the scheduler decides which of them are verified
-        in this step (scheduler/speculation.py). Skipped where even drafts that are nearly
-        always accepted would not pay (a compute-bound step: many streams)."""
-        drafter = self.drafter
-        if drafter is None:
-            return
-        decoding = [s for s in self.scheduler.running
-                    if s.is_decoding and s.status is Status.RUNNING and not s.forks]
-        costs = self.scheduler.costs
-        model = costs.call_model() if decoding else None
-        if not decoding or (self.config.spec_policy != "always" and (
-                model is None or not worth_drafting(len(decoding), *model,
-                                                    costs.overhead_s or 0.0,
-                                                    length=self.config.max_draft,
-                                                    cost=costs.call_cost(),
-                                                    draft_factor=costs.draft_factor))):
-            return
-        for seq in decoding:
-            req = seq.owner
-            state, sampler = req.state, req.state.sampler
-            cap = min(self.config.max_draft, seq.max_tokens - seq.num_output - 1,
-                      self.max_seq_len - len(seq.tokens) - 1)
-            if cap <= 0 or state.draft is None or sampler is None:
-                continue
-            draft = drafter.draft(state.draft, seq.tokens, cap)
-            if draft and sampler.grammar is not None:   # a token the grammar forbids ends it
-                draft = draft[:sampler.grammar.allows_prefix(draft)]
-            acceptance = state.draft.acceptance
-            seq.draft, seq.draft_rate = draft, acceptance.rate
-            seq.draft_gains = drafter.gains(state.draft, len(draft)) if draft else ()
-
-    def _expire(self) -> list[Delivery]:
-        """End the requests whose deadline passed (the scheduler took them off already)."""
-        events = [self._finish(s.owner, FinishReason.TIMEOUT) for s in self.scheduler.expired]
-        self.scheduler.expired.clear()
-        return events
+            self.speculation.observe_step(plan, t2 - t0, self._step_decode_s)
 
     def _run_plan(self, plan: StepPlan) -> list[Delivery]:
         t0 = time.perf_counter()
         events: list[Delivery] = []
         times = self.times
         self._step_decode_s = 0.0
-        self._step_accepted = 0   # drafted tokens accepted in this step
         for group in self._groups(plan.chunks):
             pieces = [(c.seq.seq_id, c.tokens, c.start, c.num_logits) for c in group]
             t = time.perf_counter()
             status = self.context.decode(pieces)
             t_decoded = time.perf_counter()
+            seconds = t_decoded - t
             times.decode_calls += 1
             times.micro_batches += self._micro_batches(group)
-            times.decode_s += t_decoded - t
-            self._step_decode_s += t_decoded - t
-            self._observe_cost(group, t_decoded - t)
+            times.decode_s += seconds
+            self._step_decode_s += seconds
+            expected = self.scheduler.observe_call(group, seconds)
+            if expected and seconds > SLOW_STEP * expected + SLOW_STEP_MARGIN_S:
+                self.lease.slowed(self.context, seconds / expected)   # engine/lease.py
             if status == 1:   # no KV slot after all: preempt one sequence and plan again
                 log.warning("engine %s: llama_decode found no KV slot; preempting", self.name)
                 self.scheduler.preempt_one()
@@ -395,25 +306,6 @@ class Worker:
         times.steps += 1
         self.observer.on_step(self, plan.num_tokens, time.perf_counter() - t0)
         return events
-
-    def _observe_cost(self, group: list, seconds: float) -> None:
-        """What this call cost, for sizing prompt chunks by time (scheduler/costs.py): a call
-        of 1-token pieces is the decoding streams' part of a step; the prompt tokens of a call
-        with longer pieces cost what is left of it. A call far slower than calls of its shape
-        lately is what a neighbour arriving on our cores does: the lease gives up a thread at
-        once (engine/lease.py)."""
-        costs = self.scheduler.costs
-        prompt = sum(c.end - c.start for c in group if c.end - c.start > 1 and not c.drafted)
-        decode = sum(c.end - c.start for c in group) - prompt   # 1-token and verification pieces
-        expected = costs.expected(decode, prompt)
-        if expected and seconds > SLOW_STEP * expected + SLOW_STEP_MARGIN_S:
-            self.lease.slowed(self.context, seconds / expected)
-        if not prompt:
-            lengths = {c.end - c.start for c in group}
-            costs.observe_decode(seconds, decode, len(group) if len(lengths) == 1 else None)
-        else:
-            costs.observe_prompt(prompt, seconds - ((costs.decode_time(decode) or 0.0)
-                                                    if decode else 0.0))
 
     def _sample(self, group: list) -> list[Delivery]:
         """Sample every chunk that wants logits, now: the next decode overwrites them. What
@@ -446,55 +338,24 @@ class Worker:
         return events
 
     def _verify(self, group: list) -> list[Delivery]:
-        """The verification step of a call's verification pieces (a sequence's last token and
-        its drafted ones, logits for each): sample each position in turn as if decoding one
-        token at a time, appending every token sampled (_postprocess: stop strings, max_tokens,
-        grammars, logprobs as for any token), while the sampled token is the drafted one;
-        the first that differs is the model's own next token, and the drafted tokens after it
-        leave the KV (Scheduler.accept_draft: a rollback). Greedy, this accepts the longest
-        matching prefix and the model's next token. Sampled, accepting a drafted token x when
-        the model's draw gives x and otherwise keeping the draw is the speculative sampling
-        rule for a draft that is x for sure: x is accepted with probability p(x), and after a
-        rejection the draw is distributed as p without x, renormalized; each token comes from
-        the model's distribution given the tokens before it, drawn with the request's own
-        random numbers one at a time as without drafts (docs/scheduling.md, "Speculative
-        decoding")."""
+        """Verify the call's verification pieces, after its other pieces are sampled
+        (engine/speculation.py): their tokens go through _emit as any token does."""
         now, offset, events = time.monotonic(), 0, []
         for chunk in group:
             first, offset = offset, offset + chunk.end - chunk.start
-            if not chunk.drafted:
-                continue
-            req = chunk.seq.owner
-            try:
-                events.append(self._verify_one(req, chunk, first, now))
-            except Exception as exc:
-                events.append(self._failed(req, exc))
+            if chunk.drafted:
+                try:
+                    events.append(self._verify_one(chunk.seq.owner, chunk, first, now))
+                except Exception as exc:
+                    events.append(self._failed(chunk.seq.owner, exc))
         return events
 
     def _verify_one(self, req: Request, chunk, first: int, now: float) -> Delivery:
-        seq, sampler, state = chunk.seq, req.state.sampler, req.state
-        assert sampler is not None and state.draft is not None, "an admitted request"
-        k, row = chunk.drafted, [first]
-        event = Event()
-
-        def sample(i: int) -> int | None:
-            row[0] = first + i
-            return sampler.sample(self.context, first + i)
-
-        def emit(token: int | None) -> bool:
-            nonlocal event
-            _, part = self._emit(req, token, row[0], now)
-            event = _merged(event, part)
-            return part.finish_reason is not None
-
-        accepted = verify(seq.draft[:k], sample, emit)
-        self._step_accepted += accepted
-        self.spec.observe(k, accepted)
-        assert self.drafter is not None
-        self.drafter.observe(state.draft, k, accepted)
-        if event.finish_reason is None:
-            self.scheduler.accept_draft(seq, k, accepted)
-        return req, event
+        sampler = req.state.sampler
+        assert sampler is not None, "an admitted request"
+        return req, self.speculation.verify(
+            chunk, first, lambda row: sampler.sample(self.context, row),
+            lambda token, row: self._emit(req, token, row, now)[1])
 
     def _failed(self, req: Request, exc: Exception) -> Delivery:
         """End one request whose own step raised: a 500 engine_error for it alone."""
@@ -566,8 +427,7 @@ class Worker:
         state = req.state
         if state.seq is not None and state.seq.status is not Status.FINISHED:
             self.scheduler.abort(state.seq, reason)
-        if state.draft is not None and self.drafter is not None and state.seq is not None:
-            self.drafter.finish(state.draft, state.seq.tokens)
+        self.speculation.end(req)
         state.finish_reason, state.finish_time = reason, time.monotonic()
         if state.sampler is not None:
             try:
@@ -661,34 +521,7 @@ class Worker:
             kv_cached_blocks=m.num_cached_blocks, live_seqs=len(m.live),
             prefix_query_tokens=m.query_tokens, prefix_hit_tokens=m.hit_tokens,
             num_preemptions=s.num_preemptions, failed=self.failed,
-            spec_drafts=self.spec.drafts, spec_draft_tokens=self.spec.draft_tokens,
-            spec_accepted_tokens=self.spec.accepted_tokens,
-            spec_accepted_per_pos=tuple(self.spec.accepted_per_pos))
-
-
-class SpecCounts:
-    """A context's speculative decoding so far (vLLM's counters): verifications, drafted and
-    accepted tokens, and per position of a draft how often the token there was accepted."""
-
-    def __init__(self, max_draft: int):
-        self.drafts = self.draft_tokens = self.accepted_tokens = 0
-        self.accepted_per_pos = [0] * max_draft
-
-    def observe(self, drafted: int, accepted: int) -> None:
-        self.drafts += 1
-        self.draft_tokens += drafted
-        self.accepted_tokens += accepted
-        for i in range(accepted):
-            self.accepted_per_pos[i] += 1
-
-
-def _merged(a: Event, b: Event) -> Event:
-    """Two events of one request in one step as one (its text and tokens in order)."""
-    if not a.num_tokens and not a.text and a.logprobs is None:
-        return b
-    logprobs = (a.logprobs or []) + (b.logprobs or []) if a.logprobs or b.logprobs else None
-    return Event(a.text + b.text, a.num_tokens + b.num_tokens, b.finish_reason, b.error,
-                 b.error_kind, logprobs, b.index)
+            **self.speculation.counts.stats())
 
 
 def _describe(exc: Exception) -> str:

@@ -78,6 +78,76 @@ class CallModel:
         return a, b
 
 
+@dataclass
+class PromptModel:
+    """seconds ≈ c0·T + c1·A for the prompt pieces of a call: T their tokens, A their attention
+    work, Σ tokens·(depth + tokens/2) over the pieces (a token attends to the cells before it,
+    so a piece deep in a long prompt costs more a token than the same piece at its start).
+    Fitted by exponentially weighted least squares over recent calls. Until calls at several
+    depths have been seen, c1 is held toward a prior (`attention_prior` of c0 per cell of
+    depth): a first long prompt is not taken to cost at its end what it cost at its start."""
+    decay: float = 0.9          # weight left to an observation after each newer one
+    ridge: float = 1.0          # the prior's weight (1: a millionth of the calls' own)
+    attention_prior: float = 1 / 1024   # c1 / c0 before the calls say: twice the cost at 1,024
+    stt: float = 0.0
+    sta: float = 0.0
+    saa: float = 0.0
+    sty: float = 0.0
+    say: float = 0.0
+
+    def observe(self, tokens: int, work: float, seconds: float) -> None:
+        d = self.decay
+        self.stt = d * self.stt + tokens * tokens
+        self.sta = d * self.sta + tokens * work
+        self.saa = d * self.saa + work * work
+        self.sty = d * self.sty + tokens * seconds
+        self.say = d * self.say + work * seconds
+
+    def fit(self) -> tuple[float, float] | None:
+        """(c0, c1), both >= 0, or None before any call."""
+        if self.stt <= 0:
+            return None
+        flat = self.sty / self.stt                  # c0 with depth ignored
+        prior = self.attention_prior * flat
+        lam = self.ridge * 1e-6 * self.saa + 1e-30  # c1 held toward the prior, scale-free
+        saa, say = self.saa + lam, self.say + lam * prior
+        det = self.stt * saa - self.sta * self.sta
+        if det <= 1e-12 * self.stt * saa:
+            return flat, prior
+        c0 = (self.sty * saa - self.sta * say) / det
+        c1 = (self.stt * say - self.sta * self.sty) / det
+        if c0 <= 0 or c1 < 0:
+            return flat, prior
+        return c0, c1
+
+    def seconds(self, pieces: list[tuple[int, int]]) -> float | None:
+        """What prompt pieces of (tokens, depth) should take; None before any call."""
+        model = self.fit()
+        if model is None:
+            return None
+        c0, c1 = model
+        return sum(n * (c0 + c1 * (d + n / 2)) for n, d in pieces)
+
+    def tokens_within(self, seconds: float, depth: int) -> int | None:
+        """The most tokens of one piece starting at `depth` that take at most `seconds`."""
+        model = self.fit()
+        if model is None:
+            return None
+        c0, c1 = model
+        if seconds <= 0:
+            return 0
+        per_token = c0 + c1 * depth       # n·(per_token + c1·n/2) = seconds
+        if c1 <= 0:
+            return int(seconds / per_token) if per_token > 0 else None
+        n = (-per_token + (per_token * per_token + 2 * c1 * seconds) ** 0.5) / c1
+        return max(0, int(n))
+
+
+def attention_work(pieces: list[tuple[int, int]]) -> float:
+    """Σ tokens·(depth + tokens/2) of prompt pieces of (tokens, depth)."""
+    return sum(n * (d + n / 2) for n, d in pieces)
+
+
 def _mix_into(table: dict, key, value: float, alpha: float = SIZE_ALPHA) -> None:
     old = table.get(key)
     table[key] = value if old is None else old + alpha * (value - old)

@@ -231,6 +231,37 @@ class Scheduler:
                 if wanting:
                     self.lending[seq] = set(wanting)
 
+    def observe_call(self, chunks: list[Chunk], seconds: float) -> float | None:
+        """One llama_decode call of these chunks took `seconds`: what it cost, for sizing prompt
+        chunks by time and for the speculation policy (StepCosts). A call of 1-token pieces is
+        the decoding streams' part of a step (verification pieces count as decoding tokens);
+        the prompt tokens of a call with longer pieces cost what is left of it. Returns what
+        the call was expected to take by the calls before it (None: not known yet)."""
+        costs = self.costs
+        prompt = sum(c.end - c.start for c in chunks if c.end - c.start > 1 and not c.drafted)
+        decode = sum(c.end - c.start for c in chunks) - prompt
+        expected = costs.expected(decode, prompt)
+        if not prompt:
+            lengths = {c.end - c.start for c in chunks}
+            costs.observe_decode(seconds, decode, len(chunks) if len(lengths) == 1 else None)
+        else:
+            costs.observe_prompt(prompt, seconds - ((costs.decode_time(decode) or 0.0)
+                                                    if decode else 0.0))
+        return expected
+
+    def set_draft(self, seq: Sequence, tokens: list[int], rate: float,
+                  gains: tuple[float, ...] = ()) -> None:
+        """The tokens guessed to follow a decoding sequence's last one, for the next plan to
+        verify where that pays (`_plan_drafts` cuts them to what the step verifies): `rate`,
+        how likely a drafted token is accepted; `gains`, the accepted tokens to expect of its
+        first m, m = 1, 2, ... (scheduler/speculation.py)."""
+        seq.draft, seq.draft_rate, seq.draft_gains = tokens, rate, gains
+
+    def take_expired(self) -> list[Sequence]:
+        """The sequences their deadline ended since the last call (each reported once)."""
+        expired, self.expired = self.expired, []
+        return expired
+
     def accept_draft(self, seq: Sequence, drafted: int, accepted: int) -> None:
         """The model checked the `drafted` tokens a sequence verified and accepted the first
         `accepted` of them (the engine appended them to its tokens, with the model's own next

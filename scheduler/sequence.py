@@ -61,7 +61,7 @@ class Sequence:
     fork_of: Sequence | None = None      # set while this one waits to be forked off it
     prompt_logits: bool = False            # logits of every prompt position (echo + logprobs)
     # speculative decoding (scheduler/speculation.py): tokens guessed to follow tokens[-1],
-    # set by the engine before each step and cut by the scheduler to what the step verifies;
+    # given before each step (Scheduler.set_draft) and cut to what the step verifies;
     # never part of `tokens` until the model accepts them
     draft: list[int] = field(default_factory=list)
     draft_rate: float = 0.0                # how likely a drafted token is accepted

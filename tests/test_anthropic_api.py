@@ -13,6 +13,7 @@ import anthropic
 import httpx
 import pytest
 
+from tests.devices import cpu_timing
 from tests.faults import ENV as FAIL_DECODE
 from tests.server_proc import SMOLLM2_NAME, running_server, server_process
 
@@ -140,6 +141,7 @@ def test_stream_events_come_in_anthropics_order(server_url):
     assert delta["delta"]["stop_reason"] == "max_tokens" and delta["usage"]["output_tokens"] == 4
 
 
+@cpu_timing
 def test_pings_arrive_while_a_long_prompt_computes(server_url):
     # about 1,900 tokens, never sent before: several seconds of prompt on a 2-core machine
     long_text = " ".join(f"item{i} costs {i * 7 % 101} coins;" for i in range(180))

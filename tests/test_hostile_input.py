@@ -79,10 +79,11 @@ def test_a_model_id_that_is_not_utf8_is_a_404_that_still_encodes(server_url):
 
 
 def test_an_escaped_surrogate_pair_is_ordinary_text(server_url):
-    resp = post(server_url, "/v1/completions", {"model": M, "prompt": "Smile \U0001F600",
-                                                "max_tokens": 2})
-    assert json.dumps("\U0001F600") == '"\\ud83d\\ude00"'       # sent as an escaped pair
-    assert resp.status_code == 200, resp.text
+    head, tail = b'{"model": "%s", "prompt": "Smile ' % M.encode(), b'", "max_tokens": 2}'
+    escaped = post(server_url, "/v1/completions", head + b"\\ud83d\\ude00" + tail)
+    literal = post(server_url, "/v1/completions", head + "\U0001F600".encode() + tail)
+    assert escaped.status_code == literal.status_code == 200, escaped.text
+    assert escaped.json()["usage"]["prompt_tokens"] == literal.json()["usage"]["prompt_tokens"]
 
 
 # ---- strict types --------------------------------------------------------------------------------

@@ -1,8 +1,10 @@
 """Speculative decoding with a real model: greedy answers are the same with it on, off or
-adaptive, alone and beside other streams; every per-token feature keeps working inside a
-verification (stop strings, max_tokens, grammars, logprobs, n > 1, preemption, cancellation,
-usage); the KV books agree with llama.cpp after rollbacks; and where a verification piece would
-compute other numbers than decoding (plain attention) speculation stays off."""
+adaptive, alone and beside other streams; the default (adaptive) policy drafts, and the model
+accepts, where an answer copies its prompt, and the counters show it; every per-token feature
+keeps working inside a verification (stop strings, max_tokens, grammars, logprobs, n > 1,
+preemption, cancellation, usage); the KV books agree with llama.cpp after rollbacks; and where a
+verification piece would compute other numbers than decoding (plain attention) speculation stays
+off."""
 import asyncio
 import time
 
@@ -35,6 +37,16 @@ def make_worker(model, speculative="ngram", policy="always", **overrides):
 def chat(model, text: str) -> list[int]:
     return model.tokenize(f"<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n",
                           add_special=False)
+
+
+# an answer that repeats its prompt: what drafts are for
+PARAGRAPH = ("The old lighthouse stood at the end of the harbour wall. Every evening the keeper "
+             "climbed its ninety steps, wound the clockwork that turned the lens, and lit the "
+             "lamp before the fishing boats came home. In winter storms he stayed awake all "
+             "night, watching the beam sweep across the dark water, and in the morning he wrote "
+             "the weather, the ships he had seen and the hours the lamp had burned in a book "
+             "that the harbour master read every Sunday.")
+COPY = f"Copy this paragraph exactly, word for word:\n\n{PARAGRAPH}"
 
 
 def extractive_prompts(model, n: int = 6) -> list[list[int]]:
@@ -87,7 +99,8 @@ def test_greedy_answers_are_the_same_with_speculation_on_off_and_adaptive(model)
             alone = answers(worker, prompts, concurrent=False)
             together = answers(worker, prompts)
             results[name] = (alone, together)
-            drafted[name] = (worker.spec.draft_tokens, worker.spec.accepted_tokens)
+            counts = worker.speculation.counts
+            drafted[name] = (counts.draft_tokens, counts.accepted_tokens)
             idle(worker)
             worker.manager.check_invariants()
         finally:
@@ -97,6 +110,8 @@ def test_greedy_answers_are_the_same_with_speculation_on_off_and_adaptive(model)
     assert results["off"][0] == results["off"][1]       # alone and together, the same
     tokens, accepted = drafted["always"]
     assert drafted["off"] == (0, 0) and tokens > 100 and 0 < accepted < tokens
+    tokens, accepted = drafted["adaptive"]   # the default policy drafts on these answers too
+    assert 0 < accepted <= tokens
 
 
 @cpu_exact
@@ -139,7 +154,7 @@ def test_stop_strings_max_tokens_logprobs_and_grammars_inside_verification(model
                     lps = [(lp.token, round(lp.logprob, 6), lp.top) for lp in r[3]]
                     outs[speculative].append((r[0], r[1], r[2], lps))
             if speculative == "ngram":
-                assert worker.spec.accepted_tokens > 0
+                assert worker.speculation.counts.accepted_tokens > 0
         finally:
             worker.stop()
     assert outs["ngram"] == outs["off"]
@@ -169,7 +184,7 @@ def test_n_choices_verify_drafts_each_on_their_own(model):
                 return texts
             outs[speculative] = [asyncio.run(main(p)) for p in prompts]
             if speculative == "ngram":
-                assert worker.spec.accepted_tokens > 0
+                assert worker.speculation.counts.accepted_tokens > 0
         finally:
             worker.stop()
     assert outs["ngram"] == outs["off"]
@@ -206,6 +221,25 @@ def test_a_preempted_sequence_finishes_with_its_unpreempted_answer(model, mode):
             worker.stop()
     assert outs["ngram"] == outs["off"]
     assert outs["ngram"][0] == outs["ngram"][1]
+
+
+def test_the_default_policy_drafts_and_accepts_where_an_answer_copies_its_prompt(model):
+    """The shipped settings (speculation on, the adaptive policy: drafts only where the
+    measured step costs say they pay) draft for one stream that copies a paragraph, and the
+    model accepts drafted tokens."""
+    config = EngineConfig(n_ctx=1024, max_seqs=8, cache_seqs=8, max_batch_tokens=256,
+                          prefill_chunk=16)
+    assert config.speculative == "ngram" and config.spec_policy == "adaptive"
+    worker = Worker("test", model, config)
+    worker.start()
+    try:
+        *_, req = run_all(worker, [chat(model, COPY)], max_tokens=120)[0]
+        counts = worker.speculation.counts
+        assert req.num_accepted > 0 and req.num_drafted >= req.num_accepted
+        assert (counts.draft_tokens, counts.accepted_tokens) == (req.num_drafted,
+                                                                 req.num_accepted)
+    finally:
+        worker.stop()
 
 
 def test_a_request_cancelled_while_it_verifies_drafts_frees_everything(model):
@@ -246,7 +280,8 @@ def test_manager_view_agrees_with_llama_cpp_after_rollbacks(model, unified):
     try:
         run_all(worker, extractive_prompts(model, 4), max_tokens=60)
         idle(worker)
-        assert worker.spec.accepted_tokens < worker.spec.draft_tokens   # rejections happened
+        counts = worker.speculation.counts
+        assert counts.accepted_tokens < counts.draft_tokens   # rejections happened
         assert_books_match_kv(worker)
     finally:
         worker.stop()
@@ -281,8 +316,8 @@ def test_a_verification_piece_computes_what_decoding_computes_except_with_plain_
 def test_the_probe_runs_once_a_process_per_model_file_and_kernel(model, monkeypatch):
     """A model loaded again, or a second context of it, does not decode the start-up probe
     again (it costs ~1.5 s for this model, more for larger ones); another KV type does."""
-    from engine import worker as worker_module
-    monkeypatch.setattr(worker_module, "_probed", {})
+    from engine import speculation
+    monkeypatch.setattr(speculation, "_probed", {})
     calls = []
     probe = Context.pieces_match_decoding
 
@@ -300,34 +335,38 @@ def test_the_probe_runs_once_a_process_per_model_file_and_kernel(model, monkeypa
 
 
 def test_health_metrics_and_stats_show_speculation():
-    """/health names the mode and the bound; /metrics has vLLM's counters, whose values agree
-    with /stats and with each other (a token accepted at position i was accepted at every
-    position before it)."""
+    """/health names the mode and the bound; with the default policy, answers that copy their
+    prompts move /metrics' vLLM counters, whose values agree with /stats and with each other
+    (a token accepted at position i was accepted at every position before it)."""
     import httpx
     from prometheus_client.parser import text_string_to_metric_families
 
     from tests.server_proc import SMOLLM2_NAME, running_server
+
+    def counters(base):
+        samples = {}
+        for family in text_string_to_metric_families(httpx.get(f"{base}/metrics", timeout=10).text):
+            for s in family.samples:
+                samples[(s.name, s.labels.get("position"))] = s.value
+        p = "pagedllama:spec_decode_"
+        return (samples[(p + "num_drafts_total", None)], samples[(p + "num_draft_tokens_total", None)],
+                samples[(p + "num_accepted_tokens_total", None)],
+                [samples[(p + "num_accepted_tokens_per_pos_total", str(i))] for i in range(5)])
+
     convs = extractive_dataset()
-    env = {"PAGEDLLAMA_SPECULATIVE": "ngram", "PAGEDLLAMA_MAX_DRAFT": "5"}
+    env = {"PAGEDLLAMA_SPECULATIVE": "ngram", "PAGEDLLAMA_MAX_DRAFT": "5"}   # adaptive policy
     with running_server(env) as base:
-        for conv in convs[:2]:
+        _, drafted_before, accepted_before, _ = counters(base)
+        for text, max_tokens in [(COPY, 120)] + [(c.user_turns[0], 60) for c in convs[:2]]:
             r = httpx.post(f"{base}/v1/chat/completions", timeout=300, json={
-                "model": SMOLLM2_NAME, "max_tokens": 60, "temperature": 0,
-                "messages": [{"role": "user", "content": conv.user_turns[0]}]})
+                "model": SMOLLM2_NAME, "max_tokens": max_tokens, "temperature": 0,
+                "messages": [{"role": "user", "content": text}]})
             assert r.status_code == 200, r.text
         health = httpx.get(f"{base}/health", timeout=10).json()["models"][SMOLLM2_NAME]
         assert health["speculative"] == "ngram" and health["max_draft"] == 5
         stats = httpx.get(f"{base}/stats", timeout=10).json()
-        text = httpx.get(f"{base}/metrics", timeout=10).text
-    samples = {}
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            samples[(s.name, s.labels.get("position"))] = s.value
-    p = "pagedllama:spec_decode_"
-    drafts = samples[(p + "num_drafts_total", None)]
-    drafted = samples[(p + "num_draft_tokens_total", None)]
-    accepted = samples[(p + "num_accepted_tokens_total", None)]
-    per_pos = [samples[(p + "num_accepted_tokens_per_pos_total", str(i))] for i in range(5)]
+        drafts, drafted, accepted, per_pos = counters(base)
+    assert drafted > drafted_before and accepted > accepted_before
     assert drafted == stats["spec_draft_tokens"] and accepted == stats["spec_accepted_tokens"]
-    assert 0 <= accepted <= drafted <= 5 * drafts and sum(per_pos) == accepted
+    assert 0 < accepted <= drafted <= 5 * drafts and sum(per_pos) == accepted
     assert per_pos == sorted(per_pos, reverse=True) and per_pos[0] <= drafts

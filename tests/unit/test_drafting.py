@@ -2,6 +2,7 @@
 shared by a context's sequences, acceptance estimates, and what a lookup costs."""
 import random
 import time
+import tracemalloc
 
 import pytest
 
@@ -12,6 +13,7 @@ from engine.drafting import (
     SequenceIndex,
     SharedTable,
     expected_tokens,
+    verify,
 )
 
 
@@ -62,11 +64,21 @@ def test_a_shared_slot_whose_key_differs_drafts_nothing():
 
 
 def test_the_shared_table_keeps_its_size_whatever_it_sees():
+    """20,000 n-grams into 256 slots: every slot taken, counted once, and not a byte more
+    held (measured) than the empty table held."""
     table = SharedTable(n=4, slots=1 << 8)
-    size = table.size_bytes
     rng = random.Random(0)
-    table.add([rng.randrange(50_000) for _ in range(20_000)])
-    assert table.size_bytes == size and table.used <= 1 << 8
+    tokens = [rng.randrange(50_000) for _ in range(20_000)]
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        table.add(tokens)
+        grown = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert len(table.keys) == len(table.values) == 1 << 8
+    assert table.used == sum(v >= 0 for v in table.values) == 1 << 8
+    assert grown < 1024, f"{grown} bytes more"
 
 
 def test_the_drafter_prefers_the_sequence_and_falls_back_to_the_shared_table():
@@ -175,9 +187,17 @@ def test_acceptance_follows_recent_verifications():
 
 
 @pytest.mark.parametrize("rate", [0.0, 0.3, 0.8, 1.0])
-def test_expected_tokens_of_a_verification(rate):
-    for k in range(6):
-        assert expected_tokens(rate, k) == pytest.approx(sum(rate ** i for i in range(k + 1)))
+def test_expected_tokens_is_what_verifications_yield_on_average(rate):
+    """`verify` over many drafts whose every position the model draws as drafted with
+    probability `rate`: the tokens it emits a verification, on average, are the policy's
+    expected_tokens(rate, k)."""
+    rng = random.Random(7)
+    for k in (1, 3, 6):
+        n, emitted = 4000, []
+        for _ in range(n):
+            verify([1] * k, lambda i: 1 if rng.random() < rate else 2,
+                   lambda token: emitted.append(token) or False)
+        assert len(emitted) / n == pytest.approx(expected_tokens(rate, k), abs=0.15)
 
 
 def test_a_lookup_costs_microseconds_beside_a_millisecond_step():

@@ -119,7 +119,7 @@ def test_a_drafted_sequence_verifies_its_draft_and_rejected_tokens_leave_the_kv(
     sched = make_scheduler()
     seq = decoding(sched, list(range(10)))
     sched.manager.take_ops()
-    seq.draft, seq.draft_rate = [50, 51, 52, 53, 54], 0.95
+    sched.set_draft(seq, [50, 51, 52, 53, 54], 0.95)
     plan = sched.schedule()
     [chunk] = plan.chunks
     m = chunk.drafted
@@ -140,7 +140,7 @@ def test_a_draft_accepted_whole_keeps_its_kv():
     sched = make_scheduler()
     seq = decoding(sched, list(range(10)))
     sched.manager.take_ops()
-    seq.draft, seq.draft_rate = [50, 51], 0.99
+    sched.set_draft(seq, [50, 51], 0.99)
     plan = sched.schedule()
     assert plan.chunks[0].drafted == 2
     sched.advance(plan)
@@ -159,7 +159,7 @@ def test_drafts_take_no_block_another_sequence_was_promised():
         b = decoding(sched, list(range(100, 110)))
         assert len(sched.manager.free_list) - sched._promised_blocks() == spare
         held = len(a.allocated.blocks)
-        a.draft, a.draft_rate = list(range(50, 58)), 0.99
+        sched.set_draft(a, list(range(50, 58)), 0.99)
         plan = sched.schedule()
         [chunk] = [c for c in plan.chunks if c.seq is a]
         if spare:
@@ -173,7 +173,7 @@ def test_drafts_take_no_block_another_sequence_was_promised():
 def test_no_drafts_without_speculation():
     sched = make_scheduler(max_draft=0)
     seq = decoding(sched, list(range(10)))
-    seq.draft, seq.draft_rate = [50, 51], 0.99
+    sched.set_draft(seq, [50, 51], 0.99)
     assert sched.schedule().chunks[0].drafted == 0 and seq.draft == []
 
 
