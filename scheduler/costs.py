@@ -169,6 +169,7 @@ class StepCosts:
     # tokens they produced per second, lately (RATE_ALPHA); the gate of `drafts_pay`
     rates: dict[tuple[int, bool], float] = field(default_factory=dict)
     _closed: dict[int, int] = field(default_factory=dict)   # steps the gate said no, by size
+    prompts: PromptModel = field(default_factory=PromptModel)   # prompt pieces by length, depth
 
     def observe_decode(self, seconds: float, tokens: int | None = None,
                        pieces: int | None = None) -> None:
@@ -250,14 +251,28 @@ class StepCosts:
             return model[0] + model[1] * tokens
         return self.decode_s
 
-    def observe_prompt(self, tokens: int, seconds: float) -> None:
+    def observe_prompt(self, tokens: int, seconds: float,
+                       pieces: list[tuple[int, int]] | None = None) -> None:
+        """Prompt tokens took `seconds`; `pieces`, their (tokens, depth) where known, teach the
+        cost model how a token's cost grows with the cells before it (PromptModel)."""
         if tokens > 0:
             self.prompt_token_s = self._mix(self.prompt_token_s, seconds / tokens)
+            if pieces and seconds > 0:
+                self.prompts.observe(tokens, attention_work(pieces), seconds)
 
-    def expected(self, decode: int, prompt_tokens: int) -> float | None:
+    def prompt_time(self, tokens: int, pieces: list[tuple[int, int]] | None = None) -> float | None:
+        """What these prompt tokens (at these depths, where given) should take."""
+        if pieces:
+            by_depth = self.prompts.seconds(pieces)
+            if by_depth is not None:
+                return by_depth
+        return None if self.prompt_token_s is None else self.prompt_token_s * tokens
+
+    def expected(self, decode: int, prompt_tokens: int,
+                 pieces: list[tuple[int, int]] | None = None) -> float | None:
         """What a call of `decode` decoding tokens (1-token and verification pieces) and
-        `prompt_tokens` prompt tokens should take by recent steps; None until both parts are
-        known."""
+        `prompt_tokens` prompt tokens (in `pieces` of (tokens, depth), where known) should take
+        by recent steps; None until both parts are known."""
         total = 0.0
         if decode:
             part = self.decode_time(decode)
@@ -265,18 +280,55 @@ class StepCosts:
                 return None
             total += part
         if prompt_tokens:
-            if self.prompt_token_s is None:
+            part = self.prompt_time(prompt_tokens, pieces)
+            if part is None:
                 return None
-            total += self.prompt_token_s * prompt_tokens
+            total += part
         return total
 
-    def prompt_tokens_within(self, target_s: float, decoding: bool) -> int | None:
-        """How many prompt tokens a step may take to last about `target_s` (with the decode
-        tokens' part when sequences decode); None until a prompt token's cost is known."""
+    def prompt_tokens_within(self, target_s: float, decoding: bool,
+                             depth: int = 0) -> int | None:
+        """How many prompt tokens, starting `depth` cells into a prompt, a step may take to last
+        about `target_s` (with the decode tokens' part and the step's own overhead when
+        sequences decode); None until a prompt token's cost is known."""
         if self.prompt_token_s is None or self.prompt_token_s <= 0:
             return None
-        left = target_s - ((self.decode_s or 0.0) if decoding else 0.0)
-        return max(0, int(left / self.prompt_token_s))
+        left = target_s - (((self.decode_s or 0.0) + (self.overhead_s or 0.0)) if decoding
+                           else 0.0)
+        by_depth = self.prompts.tokens_within(left, depth)
+        return max(0, int(left / self.prompt_token_s) if by_depth is None else by_depth)
 
     def _mix(self, old: float | None, new: float) -> float:
         return new if old is None else old + self.alpha * (new - old)
+
+
+@dataclass
+class StepWatch:
+    """The steps that carried prompt work beside decoding streams under the step target: how
+    many, the largest one's llama_decode seconds, and how many went past the target (and past
+    1.5 times it), so that the target's promise is measured by the server itself. A step's
+    seconds are its calls' (`call`), summed until the next plan starts one (`start`)."""
+    target_s: float = 0.0
+    steps: int = 0
+    max_s: float = 0.0
+    over: int = 0          # past the target
+    over_half: int = 0     # past 1.5 times the target
+    seconds: float = 0.0   # the step being planned or run: its calls so far
+    watched: bool = False  # whether that step counts
+
+    def start(self, watched: bool) -> None:
+        """A new step is planned: the one before it is counted, if it was watched."""
+        if self.watched:
+            self.steps += 1
+            self.max_s = max(self.max_s, self.seconds)
+            self.over += self.seconds > self.target_s
+            self.over_half += self.seconds > 1.5 * self.target_s
+        self.watched, self.seconds = watched, 0.0
+
+    def call(self, seconds: float) -> None:
+        self.seconds += seconds
+
+    def report(self) -> dict:
+        return {"target_ms": round(1000 * self.target_s, 1), "steps": self.steps,
+                "max_ms": round(1000 * self.max_s, 1), "over_target": self.over,
+                "over_1_5x_target": self.over_half}

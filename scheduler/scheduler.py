@@ -38,7 +38,7 @@ import time
 from dataclasses import dataclass, field
 
 from kvcache import BlockManager, KVOp
-from scheduler.costs import StepCosts
+from scheduler.costs import StepCosts, StepWatch
 from scheduler.policy import Policy
 from scheduler.sequence import FinishReason, Preemption, Sequence, Status
 from scheduler.speculation import Candidate, choose
@@ -122,6 +122,7 @@ class Scheduler:
         self.wave_batch_tokens, self.wave_ratio = wave_batch_tokens, wave_ratio   # module doc
         # prompt tokens beside decoding streams by the time a step may take (0: one cell each)
         self.step_target_s, self.costs = step_target_s, StepCosts()
+        self.watch = StepWatch(step_target_s)   # steps with prompt work beside streams, timed
         self.max_step_tokens = max_step_tokens or max(max_batch_tokens, wave_batch_tokens)
         self.few_decoding, self.finish_piece = few_decoding, finish_piece
         self.max_draft = max_draft   # drafted tokens a sequence may verify in a step (0: none)
@@ -210,6 +211,9 @@ class Scheduler:
                 self._plan_prefill(seq, plan)
         self._admit(plan)
         plan.ops = self.manager.take_ops()
+        self.watch.start(plan.allowance is not None and self.step_target_s > 0
+                         and any(c.end - c.start > 1 and not c.drafted for c in plan.chunks)
+                         and any(c.end - c.start == 1 or c.drafted for c in plan.chunks))
         return plan
 
     def advance(self, plan: StepPlan) -> None:
@@ -220,6 +224,8 @@ class Scheduler:
             if chunk.wants_logits and not chunk.drafted and (chunk.end - chunk.start > 1
                                                              or chunk.start < seq.num_prompt):
                 done.append(seq)   # a prompt (or a preempted sequence's recompute) finished
+            if chunk.start < seq.num_prompt and not chunk.drafted:
+                seq.prompt_steps += 1
             seq.num_computed = chunk.end - chunk.drafted   # drafted ones: once accepted
             self.manager.commit(seq.allocated, seq.tokens, seq.num_computed)
             for h in chunk.claims:
@@ -238,15 +244,18 @@ class Scheduler:
         the prompt tokens of a call with longer pieces cost what is left of it. Returns what
         the call was expected to take by the calls before it (None: not known yet)."""
         costs = self.costs
-        prompt = sum(c.end - c.start for c in chunks if c.end - c.start > 1 and not c.drafted)
+        pieces = [(c.end - c.start, c.start) for c in chunks
+                  if c.end - c.start > 1 and not c.drafted]
+        prompt = sum(n for n, _ in pieces)
         decode = sum(c.end - c.start for c in chunks) - prompt
-        expected = costs.expected(decode, prompt)
+        expected = costs.expected(decode, prompt, pieces)
         if not prompt:
             lengths = {c.end - c.start for c in chunks}
             costs.observe_decode(seconds, decode, len(chunks) if len(lengths) == 1 else None)
         else:
             costs.observe_prompt(prompt, seconds - ((costs.decode_time(decode) or 0.0)
-                                                    if decode else 0.0))
+                                                    if decode else 0.0), pieces)
+        self.watch.call(seconds)
         return expected
 
     def set_draft(self, seq: Sequence, tokens: list[int], rate: float,
@@ -374,7 +383,9 @@ class Scheduler:
         cells = sum(self._cell_end(s) - s.num_computed for s in wanting)
         lent = set(self.lending).union(*self.lending.values()) if self.lending else ()
         allowance = max(cells + admissible * chunk, len(lent) * chunk)
-        timed = (self.costs.prompt_tokens_within(self.step_target_s, decoding=True)
+        deepest = max((s.num_computed for s in wanting), default=0)
+        timed = (self.costs.prompt_tokens_within(self.step_target_s, decoding=True,
+                                                 depth=deepest)
                  if self.step_target_s and (wanting or admissible) else None)
         return allowance if timed is None else max(allowance, timed)
 

@@ -410,9 +410,29 @@ class _StateCollector(Collector):
                 per_pos.add_metric([model, str(pos)], n)
         yield from (running, waiting, kv, queries, hits, preemptions, threads, changes, drafts,
                     draft_tokens, accepted, per_pos)
+        yield from self._step_target()
         yield from self._models()
         yield from self._batches()
         yield from self._process()
+
+    def _step_target(self):
+        """Steps that carried prompt work beside decoding streams (PAGEDLLAMA_STEP_TARGET_MS):
+        how many, the largest, and how many went past the target, per context."""
+        labels = [MODEL, "context"]
+        steps = CounterMetricFamily(PREFIX + "steps_beside_streams", "Steps that computed prompt "
+                                    "tokens beside decoding streams under the step target.",
+                                    labels=labels)
+        largest = GaugeMetricFamily(PREFIX + "step_beside_streams_max_seconds", "The largest "
+                                    "such step's llama_decode time since start.", labels=labels)
+        over = CounterMetricFamily(PREFIX + "steps_over_target", "Such steps that took longer "
+                                   "than the step target.", labels=labels)
+        for w in self.observer.workers():
+            watch = w.scheduler.watch
+            at = [model_of(w), w.name]
+            steps.add_metric(at, watch.steps)
+            largest.add_metric(at, watch.max_s)
+            over.add_metric(at, watch.over)
+        yield from (steps, largest, over)
 
     def _batches(self):
         """The Batch API: lines done since start (by outcome) and their tokens, lines running

@@ -51,7 +51,9 @@ async def health(http: HTTPRequest):
                       "cache_seqs": lm.workers[0].config.n_seq_max - lm.spec.engine.max_seqs,
                       "speculative": lm.workers[0].speculative_note,
                       "max_draft": lm.spec.engine.max_draft,
-                      "contexts": [asdict(w.snapshot()) for w in lm.workers]}
+                      "contexts": [asdict(w.snapshot()) for w in lm.workers],
+                      # steps with prompt work beside decoding streams, against the target
+                      "step_beside_streams": [w.scheduler.watch.report() for w in lm.workers]}
         models[name] = about
     return {"status": "ok", "memory": svc.catalog.memory(), "models": models}
 

@@ -72,11 +72,11 @@ class OpenAIFormat:
     include_usage: bool = False
     echo: list[str] = field(default_factory=list)   # completions: per prompt, its text to
     tools: bool = False                # chat with tools: calls are parsed out of the text
-    functions: list[Function] = field(default_factory=list)   # a call breaking its schema: text
     n: int = 1                         # choices per prompt
     num_choices: int = 1               # n times the number of prompts
     continuous_usage: bool = False     # stream_options.continuous_usage_stats: usage per chunk
     thinking: Thinking | None = None   # chat: where a thinking model's answer starts
+    functions: list[Function] = field(default_factory=list)   # a call breaking its schema: text
     usage_now: Callable[[], dict] | None = field(default=None, repr=False)   # set by the stream
     # streamed completions: per choice, the text offset its next token's logprobs start at
     _offsets: dict[int, int] = field(default_factory=dict, repr=False)

@@ -464,10 +464,13 @@ class Service:
         ignored = getattr(http.state, "ignored_tools", None)
         batch_line = getattr(http.state, "batch_line", None)   # a Batch API line's, ID#LINE
         http.state.logged = True
-        log.info("%s %s %s model=%s prompt=%d cached=%d completion=%d%s%s ttft=%s total=%.3fs "
-                 "finish=%s%s%s", http.method, http.url.path, outcome, worker.name,
-                 sum(len(p.prompt) for _, p in parts), sum(p.num_cached for _, p in parts),
-                 sum(r.num_output for r in choices), spec,
+        seq = req.state.seq
+        steps = seq.prompt_steps if seq is not None else 0
+        log.info("%s %s %s model=%s prompt=%d cached=%d prompt_steps=%d completion=%d%s%s "
+                 "ttft=%s total=%.3fs finish=%s%s%s", http.method, http.url.path, outcome,
+                 worker.name, sum(len(p.prompt) for _, p in parts),
+                 sum(p.num_cached for _, p in parts), steps, sum(r.num_output for r in choices),
+                 spec,
                  f" choices={len(choices)}" if len(choices) > 1 else "", ttft,
                  now - req.arrival_time, req.finish_reason or "cancelled",
                  f" ignored_tools={','.join(ignored)}" if ignored else "",

@@ -92,3 +92,43 @@ def test_what_a_call_should_take_needs_both_of_its_parts_known():
     costs.observe_prompt(16, 0.08)
     assert costs.expected(decode=True, prompt_tokens=32) == pytest.approx(0.05 + 0.16)
     assert costs.expected(decode=False, prompt_tokens=32) == pytest.approx(0.16)
+
+
+# ---- prompt pieces by their depth ----------------------------------------------------------------
+def true_seconds(pieces, c0=2e-3, c1=4e-6):
+    return sum(n * (c0 + c1 * (d + n / 2)) for n, d in pieces)
+
+
+def test_the_prompt_model_learns_how_a_tokens_cost_grows_with_its_depth():
+    from scheduler.costs import PromptModel, attention_work
+    model = PromptModel()
+    for depth in range(0, 6000, 256):
+        pieces = [(256, depth)]
+        model.observe(256, attention_work(pieces), true_seconds(pieces))
+    c0, c1 = model.fit()
+    assert abs(c0 - 2e-3) < 1e-5 and abs(c1 - 4e-6) < 1e-7
+
+
+def test_before_deep_pieces_are_seen_a_deep_piece_is_taken_to_cost_more_a_token():
+    from scheduler.costs import PromptModel, attention_work
+    model = PromptModel()
+    model.observe(64, attention_work([(64, 0)]), true_seconds([(64, 0)]))
+    assert model.seconds([(64, 4096)]) > 2 * model.seconds([(64, 0)])
+    assert model.tokens_within(0.5, 4096) < model.tokens_within(0.5, 0)
+
+
+def test_the_first_long_prompt_gets_steps_near_the_target_at_every_depth():
+    """A prompt computed beside streams from a cold start: each step takes what the model
+    allows for its depth; no step goes past 1.5 times the target, deep in the prompt too."""
+    from scheduler.costs import StepCosts
+    costs, target, depth, worst = StepCosts(), 0.5, 0, 0.0
+    costs.observe_decode(0.05, 8, 8)
+    n = 16                                           # before any prompt piece: one grid cell
+    while depth < 8000:
+        pieces = [(n, depth)]
+        seconds = true_seconds(pieces)
+        worst = max(worst, seconds + 0.05)
+        costs.observe_prompt(n, seconds, pieces)
+        depth += n
+        n = max(16, costs.prompt_tokens_within(target, decoding=True, depth=depth))
+    assert worst <= 1.5 * target
