@@ -2,7 +2,7 @@
 
 Model: a loaded GGUF (weights, vocabulary, chat template), shared by every context of it.
 Context: one llama.cpp context with n_seq_max sequences, a reusable batch filled with numpy,
-llama_decode, logits and the memory (KV) operations.
+llama_decode, logits and the memory (KV) operations, the block manager's typed ops among them.
 """
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import functools
 import logging
 import os
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -20,6 +21,7 @@ import llama_cpp as C
 import numpy as np
 
 from engine.gguf_info import k_quant_file_type
+from kvcache import CopyOp, DropSavedOp, KVOp, RemoveOp, RestoreOp, SaveOp
 
 log = logging.getLogger("pagedllama.llama_cpp")
 _LEVELS = {1: logging.DEBUG, 2: logging.INFO, 3: logging.WARNING, 4: logging.ERROR}
@@ -455,6 +457,25 @@ class Context:
         return view
 
     # ---- memory (KV) operations --------------------------------------------------------------
+    def apply(self, ops: Iterable[KVOp]) -> None:
+        """The block manager's KV ops (kvcache/blocks.py), in order: the only place they reach
+        llama.cpp."""
+        for op in ops:
+            if isinstance(op, CopyOp):
+                if self.config.kv_unified:
+                    self.seq_cp(op.src, op.dst, op.p0, op.p1)
+                else:   # split streams copy whole: take all of src, then cut to the range
+                    self.seq_cp(op.src, op.dst, -1, -1)
+                    self.seq_rm(op.dst, op.p1, -1)
+            elif isinstance(op, RemoveOp):
+                self.seq_rm(op.seq, op.p0, op.p1)
+            elif isinstance(op, SaveOp):
+                self.save_seq(op.seq, op.key)
+            elif isinstance(op, RestoreOp):
+                self.restore_seq(op.key, op.seq)
+            elif isinstance(op, DropSavedOp):
+                self.drop_saved(op.key)
+
     def seq_rm(self, seq_id: int, p0: int = 0, p1: int = -1) -> bool:
         return C.llama_memory_seq_rm(self.mem, seq_id, p0, p1)
 

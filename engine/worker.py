@@ -5,10 +5,12 @@ sequences, how many tokens each, which drafts verify, which KV operations first)
 plan's KV operations, end the requests whose deadline passed, decode the batch (one
 `llama_decode`, or with split KV one call per micro-batch shape: `_groups`; the GIL is released
 inside), sample every sequence that produced logits and verify the drafted tokens of
-verification pieces, post-processing each token in one place (append, stop checks, finish),
-apply the frees of what finished, and hand the step's new text to the event loop in one hand-off
-(engine/handoff.py). Speculation's state and decisions are engine/speculation.py's: the worker
-calls it at those points, and drafts reach the scheduler through the scheduler's methods.
+verification pieces, apply the frees of what finished, and hand the step's new text to the event
+loop in one hand-off (engine/handoff.py). KV operations reach llama.cpp through
+`Context.apply` (engine/llama.py). What becomes of each sampled token (appended, stop checks,
+logprobs) and how a request ends are engine/output.py's. Speculation's state and decisions are
+engine/speculation.py's: the worker calls it at those points, and drafts reach the scheduler
+through the scheduler's methods.
 
 Invariants:
 - The HTTP event loop never calls llama.cpp; it reads only what the worker publishes (immutable
@@ -43,14 +45,14 @@ from engine.grammar import tokenizer_for
 from engine.handoff import hand_over
 from engine.lease import ThreadLease
 from engine.llama import Context, ContextConfig, Model
-from engine.logprobs import TokenLogprob, token_logprob
-from engine.request import Admit, Cancel, ErrorKind, Event, InboxMessage, Request
+from engine.output import Delivery, Output, describe
+from engine.request import Admit, Cancel, ErrorKind, InboxMessage, Request
 from engine.sampling import Sampler
 from engine.speculation import Speculation, speculation_mode
 from engine.stats import ContextStats, StepTimes
 from engine.threads import CoreBudget
-from kvcache import BlockManager, CopyOp, DropSavedOp, RemoveOp, RestoreOp, SaveOp, block_hashes
-from scheduler import FinishReason, Scheduler, Sequence, Status, StepPlan, make_policy
+from kvcache import BlockManager, block_hashes
+from scheduler import FinishReason, Scheduler, Sequence, StepPlan, make_policy
 
 log = logging.getLogger("pagedllama.engine")
 
@@ -68,8 +70,6 @@ class Observer:
 class QueueFull(Exception):
     pass
 
-
-Delivery = tuple[Request, Event]
 
 # A decode call this many times slower than calls of its shape lately (and by this much) means
 # contention for our cores: a neighbour stalls threads that meet at barriers tens of times over,
@@ -111,10 +111,13 @@ class Worker:
             draft_always=config.spec_policy == "always")
         self.max_seq_len = min(config.n_ctx, self.context.n_ctx_seq)
         self.speculation = Speculation(config, self.scheduler, self.speculative, self.max_seq_len)
+        self.output = Output(name, model, self.context, self.scheduler, self.speculation,
+                             self.max_seq_len,
+                             on_token=lambda req, now: self.observer.on_token(self, req, now),
+                             on_finish=lambda req: self.observer.on_finish(self, req))
         self.inbox: deque[InboxMessage] = deque()
         self.wakeup = threading.Event()
         self.submitted = 0            # written by the event loop only
-        self.finished = 0             # written by the worker thread only
         self.failed: str | None = None
         self.lease = ThreadLease(name, config.n_threads, config.thread_share,
                                  config.adaptive_threads, budget)
@@ -156,6 +159,11 @@ class Worker:
         return queue
 
     @property
+    def finished(self) -> int:
+        """Requests ended (written by the worker thread only)."""
+        return self.output.finished
+
+    @property
     def outstanding(self) -> int:
         return self.submitted - self.finished
 
@@ -188,7 +196,7 @@ class Worker:
             while not self._stop:
                 try:
                     self._drain_inbox()
-                    self._apply(self.manager.take_ops())   # frees of cancelled requests
+                    self.context.apply(self.manager.take_ops())   # frees of cancelled requests
                     if not self.scheduler.has_work():
                         self._wait_for_work()
                         continue
@@ -212,7 +220,7 @@ class Worker:
             if isinstance(message, Admit):
                 self._admit(message.req)
             elif message.req.state.seq is not None and not message.req.finished:
-                self._finish(message.req, FinishReason.ABORT)   # the client left: no delivery
+                self.output.finish(message.req, FinishReason.ABORT)   # the client left: no delivery
 
     def _admit(self, req: Request) -> None:
         """Admit a request and its forks together, or, if any of them cannot be set up (its
@@ -224,8 +232,8 @@ class Worker:
             kind = ErrorKind.INVALID if isinstance(exc, ValueError) else ErrorKind.ENGINE
             log.warning("engine %s: request %d could not be admitted: %r", self.name, req.id,
                         exc)
-            self._deliver([self._finish(r, FinishReason.ERROR, error=_describe(exc),
-                                        kind=kind) for r in req.group])
+            self._deliver([self.output.finish(r, FinishReason.ERROR, error=describe(exc),
+                                              kind=kind) for r in req.group])
             return
         seq.prompt_logits = req.params.prompt_logprobs
         for fork in forks:
@@ -253,8 +261,8 @@ class Worker:
         self.lease.adapt(self.context)
         self.speculation.propose()
         plan = self.scheduler.schedule()
-        self._apply(plan.ops)
-        events = [self._finish(s.owner, FinishReason.TIMEOUT)   # the scheduler ended them
+        self.context.apply(plan.ops)
+        events = [self.output.finish(s.owner, FinishReason.TIMEOUT)   # the scheduler ended them
                   for s in self.scheduler.take_expired()]
         self.stats = self._collect_stats(self.stats.step_ms)   # what runs during this decode
         self.times.plan_s += time.perf_counter() - t0
@@ -265,7 +273,7 @@ class Worker:
             self.wakeup.clear()
         t1 = time.perf_counter()
         self.gather.expect(sum(1 for _, e in events if e.finish_reason))
-        self._apply(self.manager.take_ops())   # frees of requests that finished this step
+        self.context.apply(self.manager.take_ops())   # frees of requests that finished this step
         self._deliver(events)
         self._publish()
         t2 = time.perf_counter()
@@ -295,7 +303,7 @@ class Worker:
             if status == 1:   # no KV slot after all: preempt one sequence and plan again
                 log.warning("engine %s: llama_decode found no KV slot; preempting", self.name)
                 self.scheduler.preempt_one()
-                self._apply(self.manager.take_ops())
+                self.context.apply(self.manager.take_ops())
                 return events
             if status != 0:
                 raise RuntimeError(f"llama_decode returned {status}")
@@ -310,7 +318,7 @@ class Worker:
     def _sample(self, group: list) -> list[Delivery]:
         """Sample every chunk that wants logits, now: the next decode overwrites them. What
         fails for one request (its sampler, grammar, stop strings, logprobs) ends that request
-        alone (_failed); the others go on."""
+        alone (Output.failed); the others go on."""
         now, offset, events = time.monotonic(), 0, []
         for chunk in group:
             first, offset = offset, offset + chunk.end - chunk.start
@@ -318,9 +326,9 @@ class Worker:
                 continue   # a verification piece (_verify)
             if chunk.seq.prompt_logits:
                 try:
-                    self._prompt_logprobs(chunk, first)
+                    self.output.prompt_logprobs(chunk, first)
                 except Exception as exc:
-                    events.append(self._failed(chunk.seq.owner, exc))
+                    events.append(self.output.failed(chunk.seq.owner, exc))
                     continue
             if chunk.wants_logits:
                 reqs = [chunk.seq.owner]
@@ -332,14 +340,14 @@ class Worker:
                     if base is not None:
                         logits[:] = base
                     try:
-                        events.append(self._sample_one(req, offset - 1, now))
+                        events.append(self.output.sample(req, offset - 1, now))
                     except Exception as exc:
-                        events.append(self._failed(req, exc))
+                        events.append(self.output.failed(req, exc))
         return events
 
     def _verify(self, group: list) -> list[Delivery]:
         """Verify the call's verification pieces, after its other pieces are sampled
-        (engine/speculation.py): their tokens go through _emit as any token does."""
+        (engine/speculation.py): their tokens go through Output.emit as any token does."""
         now, offset, events = time.monotonic(), 0, []
         for chunk in group:
             first, offset = offset, offset + chunk.end - chunk.start
@@ -347,7 +355,7 @@ class Worker:
                 try:
                     events.append(self._verify_one(chunk.seq.owner, chunk, first, now))
                 except Exception as exc:
-                    events.append(self._failed(chunk.seq.owner, exc))
+                    events.append(self.output.failed(chunk.seq.owner, exc))
         return events
 
     def _verify_one(self, req: Request, chunk, first: int, now: float) -> Delivery:
@@ -355,97 +363,13 @@ class Worker:
         assert sampler is not None, "an admitted request"
         return req, self.speculation.verify(
             chunk, first, lambda row: sampler.sample(self.context, row),
-            lambda token, row: self._emit(req, token, row, now)[1])
-
-    def _failed(self, req: Request, exc: Exception) -> Delivery:
-        """End one request whose own step raised: a 500 engine_error for it alone."""
-        log.error("engine %s: request %d failed; ending it alone", self.name, req.id,
-                  exc_info=exc)
-        return self._finish(req, FinishReason.ERROR, error=f"engine error: {_describe(exc)}",
-                            kind=ErrorKind.ENGINE)
-
-    def _sample_one(self, req: Request, index: int, now: float) -> Delivery:
-        seq, sampler = req.state.seq, req.state.sampler
-        assert seq is not None and sampler is not None, "an admitted request"
-        if seq.max_tokens == 0:   # scoring only (echo): the prompt's logprobs were the point
-            return self._finish(req, FinishReason.LENGTH)
-        return self._emit(req, sampler.sample(self.context, index), index, now)
-
-    def _emit(self, req: Request, token: int | None, index: int, now: float) -> Delivery:
-        """A token sampled from the logits at `index`: appended (_postprocess), with its
-        logprobs when the request asks for them (read before the next decode overwrites
-        them)."""
-        delivery = self._postprocess(req, token, now)
-        if req.params.logprobs is not None and token is not None:
-            delivery[1].logprobs = [token_logprob(self.context.logits(index), token,
-                                                  req.params.logprobs, self.model.piece)]
-        return delivery
-
-    def _prompt_logprobs(self, chunk, first: int) -> None:
-        """Logprobs of the prompt tokens this chunk predicts (the logits at position p score
-        token p + 1). A chunk computed again after a preemption adds nothing twice."""
-        seq, state = chunk.seq, chunk.seq.owner.state
-        lps = state.prompt_logprobs
-        if lps is None:
-            t0 = seq.prompt[0]
-            lps = state.prompt_logprobs = [TokenLogprob(t0, self.model.piece(t0), None)]
-        k = chunk.seq.owner.params.logprobs or 0
-        for pos in range(chunk.start, min(chunk.end, seq.num_prompt - 1)):
-            if pos + 1 == len(lps):
-                lps.append(token_logprob(self.context.logits(first + pos - chunk.start),
-                                         seq.prompt[pos + 1], k, self.model.piece))
-
-    def _postprocess(self, req: Request, token: int | None, now: float) -> Delivery:
-        """The one place a sampled token is appended, stop conditions are checked and a request
-        that reached one is finished."""
-        state, p = req.state, req.params
-        seq, stream = state.seq, state.stream
-        assert seq is not None and stream is not None, "an admitted request"
-        if token is None:   # the grammar allows no token: end here rather than hang or fail
-            log.warning("engine %s: request %d reached a grammar dead end after %d tokens; "
-                        "finishing it with 'stop'", self.name, req.id, seq.num_output)
-            return self._finish(req, FinishReason.STOP, stream.flush())
-        seq.tokens.append(token)
-        if state.first_token_time is None:
-            state.first_token_time = now
-        self.observer.on_token(self, req, now)
-        state.last_token_time = now
-        if token in self.model.eog_ids and (not p.ignore_eos or p.grammar):
-            return self._finish(req, FinishReason.STOP, stream.flush(), num_tokens=1)
-        text, stopped = stream.push(token)
-        if stopped:
-            return self._finish(req, FinishReason.STOP, text, num_tokens=1)
-        if seq.num_output >= seq.max_tokens or len(seq.tokens) >= self.max_seq_len:
-            return self._finish(req, FinishReason.LENGTH, text + stream.flush(), num_tokens=1)
-        return req, Event(text, 1)
-
-    def _finish(self, req: Request, reason: FinishReason, text: str = "", num_tokens: int = 0,
-                error: str | None = None, kind: ErrorKind | None = None) -> Delivery:
-        """End a request for any reason: release its sequence (KV frees become ops), its
-        sampler, count it, and make its last event. Safe for a request that never got a
-        sequence or a sampler (its admission failed)."""
-        state = req.state
-        if state.seq is not None and state.seq.status is not Status.FINISHED:
-            self.scheduler.abort(state.seq, reason)
-        self.speculation.end(req)
-        state.finish_reason, state.finish_time = reason, time.monotonic()
-        if state.sampler is not None:
-            try:
-                state.sampler.close()
-            except Exception:   # what is left of a broken sampler must not keep the request
-                log.exception("engine %s: closing request %d's sampler failed", self.name,
-                              req.id)
-        self.finished += 1
-        self.observer.on_finish(self, req)
-        if error is not None and kind is None:
-            kind = ErrorKind.ENGINE
-        return req, Event(text, num_tokens, reason, error, kind)
+            lambda token, row: self.output.emit(req, token, row, now)[1])
 
     def _fail_all(self, message: str) -> None:
         self.failed = message
         owners = [s.owner for s in list(self.scheduler.running) + list(self.scheduler.waiting)]
-        events = [self._finish(req, FinishReason.ERROR, error=message) for req in owners]
-        self._apply(self.manager.take_ops())
+        events = [self.output.finish(req, FinishReason.ERROR, error=message) for req in owners]
+        self.context.apply(self.manager.take_ops())
         self._deliver(events)
         self._publish()
 
@@ -472,24 +396,6 @@ class Worker:
             return 1
         ids = [c.seq.seq_id for c in group]
         return 1 + sum(b != a + 1 for a, b in zip(ids, ids[1:]))
-
-    def _apply(self, ops) -> None:
-        ctx = self.context
-        for op in ops:
-            if isinstance(op, CopyOp):
-                if self.config.kv_unified:
-                    ctx.seq_cp(op.src, op.dst, op.p0, op.p1)
-                else:   # split streams copy whole: take all of src, then cut to the range
-                    ctx.seq_cp(op.src, op.dst, -1, -1)
-                    ctx.seq_rm(op.dst, op.p1, -1)
-            elif isinstance(op, RemoveOp):
-                ctx.seq_rm(op.seq, op.p0, op.p1)
-            elif isinstance(op, SaveOp):
-                ctx.save_seq(op.seq, op.key)
-            elif isinstance(op, RestoreOp):
-                ctx.restore_seq(op.key, op.seq)
-            elif isinstance(op, DropSavedOp):
-                ctx.drop_saved(op.key)
 
     def _deliver(self, events: list[Delivery]) -> None:
         if not events:
@@ -522,11 +428,6 @@ class Worker:
             prefix_query_tokens=m.query_tokens, prefix_hit_tokens=m.hit_tokens,
             num_preemptions=s.num_preemptions, failed=self.failed,
             **self.speculation.counts.stats())
-
-
-def _describe(exc: Exception) -> str:
-    """An exception as one line for a client: its message, or its type when it has none."""
-    return str(exc) or type(exc).__name__
 
 
 def _put_all(events: list[Delivery]) -> None:
