@@ -112,6 +112,13 @@ async def _stored(work: Awaitable):
                        headers={"Retry-After": "5"}) from exc
 
 
+def _found(row, missing, key: str):
+    """The stored row, or the 404 `missing(key)` makes."""
+    if row is None:
+        raise missing(key)
+    return row
+
+
 def _no_file(file_id: str) -> APIError:
     return APIError(404, f"No such file: {file_id!r}", "file_not_found", "file_id")
 
@@ -189,10 +196,8 @@ async def list_files(http: HTTPRequest, purpose: str | None = None,
 @router.get("/files/{file_id}", responses={200: {"model": shapes.FileObject}, **NOT_FOUND,
                                            **STORE_ERRORS})
 async def get_file(file_id: str, http: HTTPRequest):
-    row = await _stored(_runner(http).file(file_id))
-    if row is None:
-        raise _no_file(file_id)
-    return shapes.file_object(row)
+    return shapes.file_object(_found(await _stored(_runner(http).file(file_id)),
+                                     _no_file, file_id))
 
 
 @router.get("/files/{file_id}/content", response_class=Response,
@@ -243,10 +248,8 @@ async def list_batches(http: HTTPRequest, after: str | None = None,
 @router.get("/batches/{batch_id}", responses={200: {"model": shapes.BatchObject}, **NOT_FOUND,
                                               **STORE_ERRORS})
 async def get_batch(batch_id: str, http: HTTPRequest):
-    row = await _stored(_runner(http).batch(batch_id))
-    if row is None:
-        raise _no_batch(batch_id)
-    return shapes.batch_object(row)
+    return shapes.batch_object(_found(await _stored(_runner(http).batch(batch_id)),
+                                      _no_batch, batch_id))
 
 
 @router.post("/batches/{batch_id}/cancel", responses={
