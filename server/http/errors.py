@@ -133,7 +133,9 @@ def describe_errors(errors) -> tuple[str, str | None, str]:
             return "the request body is missing (a JSON object is expected)", None, code
         return f"missing required field '{where}'", where, code
     message = first.get("msg", "invalid value").removeprefix("Value error, ")
-    return (f"{where}: {message}" if where else message), where or None, code
+    if where and not message.startswith(f"{where}: "):   # a check's message may name it already
+        message = f"{where}: {message}"
+    return message, where or None, code
 
 
 def _union_member(part) -> bool:

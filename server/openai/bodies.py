@@ -62,6 +62,12 @@ KeepAlive = Annotated[float | None, BeforeValidator(_keep_alive,
 StopList = Annotated[list[str], WithJsonSchema({"type": "array", "items": {"type": "string"},
                                                 "maxItems": 16})]
 
+# token id (as a string) -> bias in [-100, 100] (checked against the model's vocabulary where
+# the request is made: service.py)
+LogitBias = Annotated[dict[str, Float], WithJsonSchema({
+    "type": "object", "propertyNames": {"pattern": "^[0-9]+$"},
+    "additionalProperties": {"type": "number", "minimum": -100, "maximum": 100}})]
+
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
@@ -190,7 +196,16 @@ class SamplingFields(Body):
     response_format: dict[str, Any] | None = None
     json_schema: dict[str, Any] | None = None
     grammar: str | None = None
-    logit_bias: dict[str, Float] | None = None    # token id (as a string) -> bias in [-100, 100]
+    logit_bias: LogitBias | None = None
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _token_ids(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        """Keys of ASCII digits ("²" is a digit to str.isdigit, not to int())."""
+        for key in value or {}:
+            if not (key.isascii() and key.isdigit()):
+                raise ValueError(f"key {key[:40]!r} is not a token id")
+        return value
 
     @field_validator("stop")
     @classmethod
@@ -276,7 +291,14 @@ class ToolCallItem(BaseModel):
 class ChatMessage(BaseModel):
     """One message of a chat history. Every nested shape is checked here, so a malformed one is
     a 400 naming its field (`messages.0.tool_calls.0.function.name`), never an error later."""
-    model_config = ConfigDict(extra="allow")
+    # other keys are passed on to the chat template; the schema says what _fields_of_its_role
+    # checks
+    model_config = ConfigDict(extra="allow", json_schema_extra={"allOf": [
+        {"if": {"properties": {"role": {"const": "tool"}}, "required": ["role"]},
+         "then": {"properties": {"tool_call_id": {"type": "string"}},
+                  "required": ["tool_call_id"]}},
+        {"if": {"properties": {"tool_calls": {"type": "array"}}, "required": ["tool_calls"]},
+         "then": {"properties": {"role": {"const": "assistant"}}}}]})
 
     role: Literal["system", "user", "assistant", "tool", "developer"]
     content: str | list[dict[str, Any]] | None = None

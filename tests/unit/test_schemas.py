@@ -263,3 +263,12 @@ def test_streamed_answers_are_event_streams_whose_events_the_schema_describes():
         assert check.is_valid({"event": event, "data": "{}"}), path
         assert not check.is_valid({"event": "bogus", "data": "{}"}), path
         assert not check.is_valid("data: {}"), path
+
+
+@pytest.mark.parametrize("key", ["\u00b2", "-1", "x", ""])
+def test_a_logit_bias_key_is_ascii_digits_as_the_schema_says(key):
+    """"²" is a digit to str.isdigit but not to int(): it must be a 400, never a 500."""
+    with pytest.raises(ValidationError) as exc:
+        ChatCompletionRequest.model_validate({**CHAT, "logit_bias": {key: 1}})
+    assert exc.value.errors()[0]["loc"] == ("logit_bias",)
+    assert not validator("ChatCompletionRequest").is_valid({**CHAT, "logit_bias": {key: 1}})
