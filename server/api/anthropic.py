@@ -84,16 +84,14 @@ async def count_tokens(body: CountTokensRequest, http: HTTPRequest) -> dict:
     lm = await svc.get(body.model, http, body.keep_alive)
     tools = tools_of(body)
     ask = thinking_of(body, lm.name, _thinks(lm))
-    original = body
     body, applied = await _edit_context(svc, lm, body, edits, tools, ask.off, http)
     messages, prefill = to_chat(body)
     prompt = await svc.chat_prompt(lm, messages, None, http, not prefill, prefill, tools.use,
                                    no_thinking=ask.off)
     if edits is None:
         return {"input_tokens": len(prompt)}
-    before = len(prompt)
-    if applied:
-        before = await _count(svc, lm, original, tools, ask.off, http)
+    # each applied edit measured what it cleared: the unedited prompt is the sum
+    before = len(prompt) + sum(e["cleared_input_tokens"] for e in applied or [])
     return {"input_tokens": len(prompt),
             "context_management": {"original_input_tokens": before}}
 
@@ -135,14 +133,6 @@ async def _edit_context(svc: Service, lm: LoadedModel, body: MessagesFields,
     edited, applied = await svc.prepare(lm, len(json.dumps(body.messages)), http,
                                         lambda: apply_edits(edits, body.messages, count))
     return body.model_copy(update={"messages": edited}), applied
-
-
-async def _count(svc: Service, lm: LoadedModel, body: MessagesFields, tools: Tools,
-                 no_thinking: bool, http: HTTPRequest) -> int:
-    messages, prefill = to_chat(body)
-    prompt = await svc.chat_prompt(lm, messages, None, http, not prefill, prefill, tools.use,
-                                   no_thinking=no_thinking)
-    return len(prompt)
 
 
 def _ignored_header(ignored: list[str]) -> dict[str, str]:
