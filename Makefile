@@ -40,9 +40,11 @@ $(VENV)/.installed: requirements.txt requirements-router.txt requirements-dev.tx
 models: setup
 	@$(BIN)/python scripts/fetch_models.py --gemma
 
-## run: serve the OpenAI-compatible API on $(HOST):$(PORT)
+## run: serve the OpenAI-compatible API on $(HOST):$(PORT); the prefix cache's disk tier in
+## .cache/prefix (PAGEDLLAMA_CACHE_DIR= turns it off)
+PAGEDLLAMA_CACHE_DIR ?= $(CURDIR)/.cache/prefix
 run: setup
-	$(BIN)/uvicorn server.main:app --host $(HOST) --port $(PORT) --no-access-log
+	PAGEDLLAMA_CACHE_DIR=$(PAGEDLLAMA_CACHE_DIR) $(BIN)/uvicorn server.main:app --host $(HOST) --port $(PORT) --no-access-log
 
 ## cluster: REPLICAS replicas (cores split between them, ports PORT+1..) behind sglang-router
 ## on PORT, in the foreground; Ctrl-C or SIGTERM stops them all. ROUTER_POLICY=round_robin compares;

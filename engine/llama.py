@@ -12,6 +12,7 @@ import functools
 import logging
 import os
 import threading
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import StrEnum
@@ -21,7 +22,18 @@ import llama_cpp as C
 import numpy as np
 
 from engine.gguf_info import k_quant_file_type
-from kvcache import CopyOp, DropSavedOp, KVOp, RemoveOp, RestoreOp, SaveOp
+from kvcache import (
+    CopyOp,
+    DropSavedOp,
+    KVOp,
+    LoadOp,
+    RemoveOp,
+    RestoreOp,
+    SaveOp,
+    SnapshotOp,
+    Space,
+)
+from kvcache.tiers import file_digest
 
 log = logging.getLogger("pagedllama.llama_cpp")
 _LEVELS = {1: logging.DEBUG, 2: logging.INFO, 3: logging.WARNING, 4: logging.ERROR}
@@ -86,6 +98,18 @@ def _ggml_cpu() -> ctypes.CDLL:
         lib.ggml_backend_cpu_set_fa_row_invariant.argtypes = [ctypes.c_void_p, ctypes.c_bool]
         lib.ggml_backend_cpu_set_fa_row_invariant.restype = None
     return lib
+
+
+@functools.cache
+def build_identity() -> dict:
+    """What of this llama.cpp decides its numbers: the version, the CPU features its kernels
+    use, and the content of its libraries (a rebuild with other flags computes other sums)."""
+    lib_dir = os.environ.get("LLAMA_CPP_LIB_PATH") or os.path.join(os.path.dirname(C.__file__),
+                                                                   "lib")
+    libs = sorted(p for p in Path(lib_dir).glob("lib*.so*") if p.is_file())
+    return {"version": llama_cpp_version(),
+            "system": C.llama_print_system_info().decode(errors="replace").strip(),
+            "libraries": {p.name: file_digest(p) for p in libs}}
 
 
 def has_row_invariant_attention() -> bool:
@@ -178,7 +202,7 @@ class Model:
         if not self.path.is_file():
             raise FileNotFoundError(f"model file not found: {self.path}")
         params = C.llama_model_default_params()
-        params.use_extra_bufts = repack
+        params.use_extra_bufts = self.repack = repack
         if n_gpu_layers is not None:   # only meaningful with a GPU build (-1: all layers)
             params.n_gpu_layers = n_gpu_layers
         self.on_gpu = gpu_offload_supported() and n_gpu_layers != 0   # some layers or all
@@ -188,6 +212,7 @@ class Model:
         self.vocab = C.llama_model_get_vocab(self.ptr)
         self.n_vocab = C.llama_vocab_n_tokens(self.vocab)
         self.n_ctx_train = C.llama_model_n_ctx_train(self.ptr)
+        self.n_swa = C.llama_model_n_swa(self.ptr)   # a sliding window's width (0: none)
         self.add_bos = bool(C.llama_vocab_get_add_bos(self.vocab))
         self.bos_id, self.eos_id = C.llama_vocab_bos(self.vocab), C.llama_vocab_eos(self.vocab)
         self.eog_ids = frozenset(t for t in range(self.n_vocab)
@@ -363,6 +388,8 @@ class Context:
         self._seq_ptrs = [self.batch.seq_id[i] for i in range(n)]
         self._n_seq[:] = 1
         self._saved: dict[int, bytes] = {}
+        self.tiers: Space | None = None   # the prefix cache's RAM and disk tiers (SnapshotOp)
+        self._copying: set[int] = set()   # streams with a copy pending (_settle)
         self._views: dict[int, np.ndarray] = {}   # logits views by address (see logits)
 
     # ---- batch and decode ---------------------------------------------------------------------
@@ -383,6 +410,7 @@ class Context:
                 self._seq_ptrs[i][0] = seq_id
             n += k
         self.batch.n_tokens = n
+        self._copying.clear()   # llama_decode runs the pending stream copies first
         if self.config.n_outputs_max and outputs > max(self.config.n_outputs_max,
                                                        self.config.n_seq_max):
             # llama.cpp would abort the process (an assertion in its output buffer)
@@ -467,14 +495,41 @@ class Context:
                 else:   # split streams copy whole: take all of src, then cut to the range
                     self.seq_cp(op.src, op.dst, -1, -1)
                     self.seq_rm(op.dst, op.p1, -1)
+                    self._copying |= {op.src, op.dst}
             elif isinstance(op, RemoveOp):
                 self.seq_rm(op.seq, op.p0, op.p1)
             elif isinstance(op, SaveOp):
+                self._settle(op.seq)
                 self.save_seq(op.seq, op.key)
             elif isinstance(op, RestoreOp):
+                self._settle(op.seq)
                 self.restore_seq(op.key, op.seq)
             elif isinstance(op, DropSavedOp):
                 self.drop_saved(op.key)
+            elif isinstance(op, SnapshotOp):
+                if self.tiers is not None:
+                    self._settle(op.seq)
+                    self.tiers.put(op.tokens, self.state_bytes(op.seq))
+            elif isinstance(op, LoadOp):
+                t0 = time.perf_counter()
+                self._settle(op.seq)
+                self.load_state(op.seq, op.data)
+                self.seq_rm(op.seq, op.n_tokens, -1)
+                if self.tiers is not None:
+                    self.tiers.restored(op.tier, time.perf_counter() - t0)
+
+    def _settle(self, seq_id: int) -> None:
+        """Before a sequence's state is read or written directly: with split KV, llama.cpp
+        copies a stream's data (seq_cp between streams) only at the next decode, so a stream
+        copied from or to in the ops since then would be read before its copy arrives, or
+        overwritten before it leaves. A one-token decode after the sequence's last position
+        runs the pending copies first; the token is removed again."""
+        if seq_id not in self._copying:
+            return
+        pos = self.seq_pos_range(seq_id)[1] + 1
+        if self.decode([(seq_id, [self.model.bos_id], pos, False)]) != 0:
+            raise RuntimeError(f"llama_decode could not settle the stream copies of {seq_id}")
+        self.seq_rm(seq_id, pos, -1)
 
     def seq_rm(self, seq_id: int, p0: int = 0, p1: int = -1) -> bool:
         return C.llama_memory_seq_rm(self.mem, seq_id, p0, p1)
@@ -496,9 +551,23 @@ class Context:
         return written
 
     def restore_seq(self, key: int, seq_id: int) -> None:
-        data = self._saved.pop(key)
-        buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
-        if C.llama_state_seq_set_data(self.ptr, buf, len(data), seq_id) == 0:
+        self.load_state(seq_id, self._saved.pop(key))
+
+    def state_bytes(self, seq_id: int) -> bytearray:
+        """A sequence's KV state (llama_state_seq_get_data), copied once."""
+        size = C.llama_state_seq_get_size(self.ptr, seq_id)
+        buf = bytearray(size)
+        written = C.llama_state_seq_get_data(
+            self.ptr, (ctypes.c_uint8 * size).from_buffer(buf), size, seq_id)
+        del buf[written:]
+        return buf
+
+    def load_state(self, seq_id: int, data: bytes | bytearray) -> None:
+        """Load a state saved by save_seq or state_bytes into seq_id (its cells are replaced)."""
+        n = len(data)
+        buf = ((ctypes.c_uint8 * n).from_buffer(data) if isinstance(data, bytearray)
+               else ctypes.cast(ctypes.c_char_p(data), ctypes.POINTER(ctypes.c_uint8)))
+        if C.llama_state_seq_set_data(self.ptr, buf, n, seq_id) == 0:
             raise RuntimeError(f"llama_state_seq_set_data failed for seq {seq_id}")
 
     def drop_saved(self, key: int) -> None:

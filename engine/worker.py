@@ -44,14 +44,15 @@ from engine.gather import WaveGather
 from engine.grammar import tokenizer_for
 from engine.handoff import hand_over
 from engine.lease import ThreadLease
-from engine.llama import Context, ContextConfig, Model
+from engine.llama import Context, ContextConfig, Model, build_identity
 from engine.output import Delivery, Output, describe
 from engine.request import Admit, Cancel, ErrorKind, InboxMessage, Request
 from engine.sampling import Sampler
 from engine.speculation import Speculation, speculation_mode
 from engine.stats import ContextStats, StepTimes
 from engine.threads import CoreBudget
-from kvcache import BlockManager, block_hashes
+from kvcache import BlockManager, PrefixStore, Space, block_hashes, space_identity
+from kvcache.tiers import file_digest
 from scheduler import FinishReason, Scheduler, Sequence, StepPlan, make_policy
 
 log = logging.getLogger("pagedllama.engine")
@@ -83,9 +84,10 @@ class Worker:
 
     def __init__(self, name: str, model: Model, config: EngineConfig,
                  observer: Observer | None = None, publish_prefixes: bool = False,
-                 budget: CoreBudget | None = None):
+                 budget: CoreBudget | None = None, tiers: PrefixStore | None = None):
         """`publish_prefixes`: publish the cached block hashes after each step (for routing
-        between replicas); `budget`: threads shared with the process's other contexts."""
+        between replicas); `budget`: threads shared with the process's other contexts;
+        `tiers`: the prefix cache's RAM and disk tiers (kvcache/tiers.py)."""
         config = config.resolved_for(model)
         assert config.flash_attn is not None and config.max_batch_tokens is not None
         self.name, self.model, self.config = name, model, config
@@ -97,10 +99,13 @@ class Worker:
             n_outputs_max=config.n_outputs_max))
         self.speculative, self.speculative_note = speculation_mode(name, model, self.context,
                                                                    config)
+        if tiers is not None and config.prefix_caching:
+            self.context.tiers = tier_space(tiers, model, self.context, config)
         self.manager = BlockManager(
             config.total_cells // config.block_size, block_size=config.block_size,
             num_seq_ids=config.n_seq_max, prefix_caching=config.prefix_caching,
-            prefill_chunk=config.prefill_chunk, share_cells=config.kv_unified)
+            prefill_chunk=config.prefill_chunk, share_cells=config.kv_unified,
+            tiers=self.context.tiers)
         self.scheduler = Scheduler(
             self.manager, make_policy(config.scheduler), max_seqs=config.max_seqs,
             max_batch_tokens=config.max_batch_tokens, preemption=config.preemption,
@@ -428,6 +433,18 @@ class Worker:
             prefix_query_tokens=m.query_tokens, prefix_hit_tokens=m.hit_tokens,
             num_preemptions=s.num_preemptions, failed=self.failed,
             **self.speculation.counts.stats())
+
+
+def tier_space(store: PrefixStore, model: Model, context: Context,
+               config: EngineConfig) -> Space:
+    """The context's space in the tiers: everything that decides the numbers of its KV."""
+    memo = store.disk_dir / "models.json" if store.disk_dir is not None else None
+    identity = space_identity(
+        model=file_digest(model.path, memo), llama_cpp=build_identity(), kv_type=config.kv_type,
+        flash_attn=bool(config.flash_attn), attention=str(context.attention),
+        kv_unified=config.kv_unified, n_ctx_seq=context.n_ctx_seq, repack=model.repack,
+        on_gpu=model.on_gpu)
+    return store.space(identity, config.block_size, whole_only=model.n_swa > 0)
 
 
 def _put_all(events: list[Delivery]) -> None:

@@ -4,13 +4,17 @@ from kvcache.blocks import (
     CopyOp,
     DropSavedOp,
     KVOp,
+    LoadOp,
     RemoveOp,
     RestoreOp,
     SaveOp,
     SeqAlloc,
+    SnapshotOp,
     block_hashes,
 )
 from kvcache.manager import BlockManager
+from kvcache.tiers import PrefixStore, Space, space_identity
 
-__all__ = ["Block", "BlockManager", "CopyOp", "DropSavedOp", "KVOp", "RemoveOp", "RestoreOp",
-           "SaveOp", "SeqAlloc", "block_hashes"]
+__all__ = ["Block", "BlockManager", "CopyOp", "DropSavedOp", "KVOp", "LoadOp", "PrefixStore",
+           "RemoveOp", "RestoreOp", "SaveOp", "SeqAlloc", "SnapshotOp", "Space", "block_hashes",
+           "space_identity"]

@@ -97,7 +97,24 @@ class DropSavedOp:
     key: int
 
 
-KVOp = CopyOp | RemoveOp | SaveOp | RestoreOp | DropSavedOp
+@dataclass(frozen=True)
+class SnapshotOp:
+    """Save the state of seq, which holds exactly the KV of `tokens`, to the prefix cache's tiers
+    (kvcache/tiers.py); the sequence keeps its cells."""
+    seq: int
+    tokens: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class LoadOp:
+    """Load a state from the prefix cache's tiers into seq and keep its first n_tokens cells."""
+    seq: int
+    data: bytes | bytearray
+    n_tokens: int
+    tier: str
+
+
+KVOp = CopyOp | RemoveOp | SaveOp | RestoreOp | DropSavedOp | SnapshotOp | LoadOp
 
 
 @dataclass(eq=False)
@@ -107,4 +124,5 @@ class SeqAlloc:
     blocks: list[Block] = field(default_factory=list)
     hashes: list[int] = field(default_factory=list)   # chain hashes of its full blocks, as known
     num_cached: int = 0     # tokens that came from the prefix cache when it was opened
+    tier: str = "kv"        # where they came from: the KV streams, or a tier ("ram", "disk")
     num_checked: int = 0    # leading blocks already registered (or shared) by commit

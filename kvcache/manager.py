@@ -33,6 +33,12 @@ referenced block is referenced, so an evictable block has only evictable descend
 evicted now (leaves first). That makes `num_free_blocks` (free + evictable) exactly what `ensure`
 can deliver, and `open`/`ensure` all or nothing.
 
+Beyond the KV streams (kvcache/tiers.py, with a `Space`): a sequence that ends holding at least
+the space's `min_tokens` cached tokens not yet saved is saved as a snapshot (SnapshotOp, after the
+ops that cut its cells to its cached chain); a new sequence whose prompt a snapshot holds further
+than the streams do, by enough to pay for loading it, gets it (LoadOp into its own seq id, cut to
+whole blocks within max_reuse), and its blocks join the prefix cache as if computed.
+
 Invariant: cells llama.cpp uses <= cells of the blocks counted as used here.
 """
 from __future__ import annotations
@@ -48,19 +54,28 @@ from kvcache.blocks import (
     CopyOp,
     DropSavedOp,
     KVOp,
+    LoadOp,
     RemoveOp,
     RestoreOp,
     SaveOp,
     SeqAlloc,
+    SnapshotOp,
     block_hashes,
 )
 from kvcache.leaves import LeafQueue
+from kvcache.tiers import Space
+
+# A snapshot is loaded when it brings at least this many blocks more than the streams hold, and
+# at least 1/LOAD_RATIO of its own size: loading moves every byte of it (a few GB/s), computing
+# costs milliseconds a token.
+LOAD_MIN_BLOCKS = 4
+LOAD_RATIO = 256
 
 
 class BlockManager:
     def __init__(self, num_blocks: int, *, block_size: int = 16, num_seq_ids: int = 64,
                  prefix_caching: bool = True, prefill_chunk: int | None = None,
-                 share_cells: bool = True):
+                 share_cells: bool = True, tiers: Space | None = None):
         prefill_chunk = prefill_chunk or block_size
         if prefill_chunk % block_size:
             raise ValueError(f"prefill chunk {prefill_chunk} must be a multiple of block size "
@@ -68,6 +83,7 @@ class BlockManager:
         self.block_size, self.prefill_chunk = block_size, prefill_chunk
         self.prefix_caching = prefix_caching
         self.share_cells = share_cells
+        self.tiers = tiers if prefix_caching else None
         self.blocks = [Block(i) for i in range(num_blocks)]
         self.free_list: deque[Block] = deque(self.blocks)          # unreferenced, uncached
         self.evictable: dict[int, Block] = {}   # unreferenced, cached; in release order
@@ -130,6 +146,11 @@ class BlockManager:
         hashes = hashes if hashes is not None else self.hashes(tokens)
         hit = self._match(hashes, tokens, 0, max_reuse)
         part, k = self._partial(hit, tokens, max_reuse)
+        loaded = self._open_from_tier(seq_id, tokens, hashes, max_reuse,
+                                      len(hit) * self.block_size + k, reserve_tokens,
+                                      extra_blocks)
+        if loaded is not None:
+            return loaded
         alloc = self._reserve(seq_id, hit, reserve_tokens, extra_blocks)
         if alloc is None:
             return None
@@ -143,6 +164,37 @@ class BlockManager:
         if self.prefix_caching:
             self.query_tokens += len(tokens)
             self.hit_tokens += alloc.num_cached
+        return alloc
+
+    def _open_from_tier(self, seq_id: int, tokens: Sequence[int], hashes: list[int],
+                        max_reuse: int, in_streams: int, reserve_tokens: int,
+                        extra_blocks: int) -> SeqAlloc | None:
+        """Open on seq_id from a snapshot that holds more of the prompt than the streams do
+        (module doc), or None (then open goes on from the streams)."""
+        if self.tiers is None or len(tokens) < self.tiers.min_tokens:
+            return None
+        found = self.tiers.find(hashes, tokens, max_reuse)
+        if found is None:
+            self.tiers.miss()
+            return None
+        snap, n = found
+        gain = n - in_streams
+        if gain < LOAD_MIN_BLOCKS * self.block_size or gain * LOAD_RATIO < snap.n_tokens:
+            return None
+        if self.blocks_for(reserve_tokens) + extra_blocks > self.num_free_blocks:
+            return None
+        restore = self.tiers.fetch(snap, n)
+        if restore is None:
+            return None
+        alloc = self._reserve(seq_id, [], reserve_tokens, extra_blocks)
+        assert alloc is not None, "checked above"
+        alloc.hashes = list(hashes)
+        self.ensure(alloc, n)
+        self._ops.append(LoadOp(seq_id, restore.data, n, restore.tier))
+        self.commit(alloc, tokens, n)
+        alloc.num_cached, alloc.tier = n, restore.tier
+        self.query_tokens += len(tokens)
+        self.hit_tokens += n
         return alloc
 
     def open_for_restore(self, key: int, tokens: Sequence[int], reserve_tokens: int, *,
@@ -222,8 +274,10 @@ class BlockManager:
         self.hit_tokens += gained
         return gained
 
-    def free(self, alloc: SeqAlloc) -> None:
-        """Close a sequence. Cached blocks stay (LRU evictable, tail first); the rest is freed."""
+    def free(self, alloc: SeqAlloc, snapshot: bool = True) -> None:
+        """Close a sequence. Cached blocks stay (LRU evictable, tail first); the rest is freed.
+        With a tier, a long enough cached chain is saved to it (`snapshot`; not for a sequence
+        preempted to come back)."""
         seq_id = alloc.seq_id
         self.live.discard(seq_id)
         self.allocs.pop(seq_id, None)
@@ -231,15 +285,30 @@ class BlockManager:
         # (shared from another owner, or not cached) are removed from it.
         owned = [b for b in alloc.blocks if b.owner == seq_id and b.hash is not None]
         n_keep = owned[-1].index + 1 if owned else 0
+        chain = alloc.blocks[:n_keep]
         for block in reversed(alloc.blocks):
             self._unref(block)
         alloc.blocks = []
         if seq_id not in self.owned:
             self._release_seq_id(seq_id)
-        elif not self.share_cells and self.free_seq_ids and max(self.free_seq_ids) > seq_id:
-            self._move_holder(seq_id, max(self.free_seq_ids), n_keep * self.block_size, owned)
-        else:
-            self._ops.append(RemoveOp(seq_id, n_keep * self.block_size))
+            return
+        n_cells = n_keep * self.block_size
+        moving = not self.share_cells and self.free_seq_ids and max(self.free_seq_ids) > seq_id
+        saving = snapshot and self._worth_saving(chain)
+        if saving or not moving:
+            self._ops.append(RemoveOp(seq_id, n_cells))
+        if saving:   # before a move: llama.cpp copies a split stream's data only at its next
+            # decode, so the new seq id's cells cannot be read before
+            self._ops.append(SnapshotOp(seq_id, tuple(t for b in chain for t in b.tokens)))
+        if moving:
+            self._move_holder(seq_id, max(self.free_seq_ids), n_cells, owned)
+
+    def _worth_saving(self, chain: list[Block]) -> bool:
+        """Whether a holder's cached chain goes to the tiers: long enough, and not held by a
+        snapshot already."""
+        tiers = self.tiers
+        return (tiers is not None and len(chain) * self.block_size >= tiers.min_tokens
+                and not tiers.covers([b.key for b in chain]))
 
     def _move_holder(self, src: int, dst: int, n_tokens: int, owned: list[Block]) -> None:
         """Hand the cached blocks src owns, and its cells [0, n_tokens), to seq id dst."""

@@ -547,7 +547,7 @@ class Scheduler:
         if alloc is None:
             return False
         seq.alloc, seq.num_computed = alloc, alloc.num_cached
-        seq.num_cached_tokens = alloc.num_cached
+        seq.num_cached_tokens, seq.cached_tier = alloc.num_cached, alloc.tier
         return True
 
     def _preempt(self, seq: Sequence, plan: StepPlan) -> None:
@@ -564,7 +564,7 @@ class Scheduler:
             self.swapped_tokens += seq.num_computed
         else:
             seq.num_computed, seq.hashes = 0, None
-        self.manager.free(seq.allocated)
+        self.manager.free(seq.allocated, snapshot=False)
         seq.alloc = None
         seq.status = Status.WAITING
         seq.num_preemptions += 1

@@ -51,6 +51,7 @@ class Sequence:
     hashes: list[int] | None = None        # chain hashes of the prompt's full blocks
     saved_key: int | None = None           # state swapped to RAM under this key
     num_cached_tokens: int = 0             # prompt tokens taken from the prefix cache
+    cached_tier: str = "kv"                # where from: the KV streams, "ram" or "disk"
     prompt_steps: int = 0                  # steps that computed a piece of its prompt
     num_preemptions: int = 0
     arrival: int = field(default_factory=lambda: next(_arrivals))

@@ -60,6 +60,15 @@ class BatchSettings:
 
 
 @dataclass
+class CacheSettings:
+    """The prefix cache's RAM and disk tiers (kvcache/tiers.py, docs/prefix-cache.md)."""
+    ram: int | None = None          # most bytes in RAM; None: what the memory budget leaves
+    disk_dir: Path | None = None    # None: no disk tier
+    disk: int = 16 * 1024**3        # most bytes on disk
+    min_tokens: int = 512           # a sequence saved when it holds at least this many
+
+
+@dataclass
 class Settings:
     models: list[ModelSpec]
     log_level: str = "info"
@@ -74,6 +83,7 @@ class Settings:
     beyond_trained: bool = False            # n_ctx may exceed the model's trained context
     max_output: int | None = None           # most tokens one answer may have (llama-server's -n)
     batch: BatchSettings = field(default_factory=BatchSettings)
+    cache: CacheSettings = field(default_factory=CacheSettings)
 
 
 def _env(name: str, default: str) -> str:
@@ -175,7 +185,24 @@ def load_settings() -> Settings:
                     edge_from_env(models, batch), int(_env("MAX_N", "8")),
                     _flag("ELASTIC_THREADS", True), _flag("REPACK_WEIGHTS", False),
                     budget, source, float(_env("LOAD_TIMEOUT", "300")),
-                    _flag("N_CTX_BEYOND_TRAINED", False), _int_or_none("MAX_OUTPUT"), batch)
+                    _flag("N_CTX_BEYOND_TRAINED", False), _int_or_none("MAX_OUTPUT"), batch,
+                    cache_from_env())
+
+
+def cache_from_env() -> CacheSettings:
+    """PAGEDLLAMA_CACHE_RAM (bytes, 0 turns the RAM tier off; unset: what the memory budget
+    leaves), PAGEDLLAMA_CACHE_DIR (the disk tier's directory; unset: no disk tier),
+    PAGEDLLAMA_CACHE_DISK (its byte limit), PAGEDLLAMA_CACHE_MIN_TOKENS."""
+    ram = _env("CACHE_RAM", "").strip()
+    directory = _env("CACHE_DIR", "").strip()
+    settings = CacheSettings(
+        ram=parse_bytes(ram, "PAGEDLLAMA_CACHE_RAM") if ram else None,
+        disk_dir=Path(directory).expanduser().resolve() if directory else None,
+        disk=parse_bytes(_env("CACHE_DISK", "16GiB"), "PAGEDLLAMA_CACHE_DISK"),
+        min_tokens=int(_env("CACHE_MIN_TOKENS", "512")))
+    if settings.min_tokens < 1:
+        raise ValueError("PAGEDLLAMA_CACHE_MIN_TOKENS must be at least 1")
+    return settings
 
 
 def batch_from_env() -> BatchSettings:

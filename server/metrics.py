@@ -311,6 +311,7 @@ def _catalog_json(catalog) -> dict:
     now = time.monotonic()
     return {
         "memory": catalog.memory(),
+        "prefix_cache_tiers": catalog.tiers.stats(),
         "catalog": [{"model": e.name, "state": str(e.state), "pinned": e.pinned,
                      "keep_alive": e.keep_alive, "in_use": e.users,
                      "idle_s": round(now - e.last_used, 1) if not e.users else 0.0,
@@ -322,6 +323,35 @@ def _catalog_json(catalog) -> dict:
                        "reason": ev.reason, "seconds": round(ev.seconds, 3),
                        "memory_delta": ev.memory_delta} for ev in list(catalog.events)[-10:]],
     }
+
+
+def _tier_metrics(stats: dict):
+    """The prefix cache's RAM and disk tiers (kvcache/tiers.py), a `tier` label each."""
+    tier = ["tier"]
+    families = [
+        (GaugeMetricFamily, "prefix_cache_tier_bytes", "Bytes of saved sequence states a tier "
+         "holds.", "bytes"),
+        (GaugeMetricFamily, "prefix_cache_tier_limit_bytes", "The most bytes a tier may hold "
+         "now (RAM: what the memory budget leaves).", "limit"),
+        (GaugeMetricFamily, "prefix_cache_tier_entries", "Saved sequence states a tier holds.",
+         "entries"),
+        (CounterMetricFamily, "prefix_cache_tier_hits", "Prompts that started from a state "
+         "restored from a tier.", "hits"),
+        (CounterMetricFamily, "prefix_cache_tier_misses", "Long prompts that found no state in "
+         "any tier (counted under ram).", "misses"),
+        (CounterMetricFamily, "prefix_cache_tier_tokens", "Prompt tokens restored from a tier "
+         "instead of computed.", "tokens"),
+        (CounterMetricFamily, "prefix_cache_tier_restore_seconds", "Time spent reading and "
+         "loading restored states.", "restore_s"),
+        (CounterMetricFamily, "prefix_cache_tier_bad_entries", "Entries skipped because a "
+         "check failed (truncated, corrupted, other numbers).", "bad"),
+        (CounterMetricFamily, "prefix_cache_tier_writes", "States written to the tier's disk.",
+         "written")]
+    for kind, name, text, key in families:
+        family = kind(PREFIX + name, text, labels=tier)
+        for t in ("ram", "disk"):
+            family.add_metric([t], stats[t].get(key, 0))
+        yield family
 
 
 class ProcessStats:
@@ -509,6 +539,7 @@ class _StateCollector(Collector):
                                 value=memory["reserved"])
         yield GaugeMetricFamily(PREFIX + "process_base_memory_bytes", "This process's resident "
                                 "memory before any model was loaded.", value=memory["base"])
+        yield from _tier_metrics(catalog.tiers.stats())
 
     def _process(self):
         p = self.observer.process

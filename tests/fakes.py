@@ -3,13 +3,15 @@ of the pure-Python layers: cells are tagged with (seq, pos); a cell is free when
 from __future__ import annotations
 
 import itertools
+import pickle
 
-from kvcache import CopyOp, DropSavedOp, RemoveOp, RestoreOp, SaveOp
+from kvcache import CopyOp, DropSavedOp, LoadOp, RemoveOp, RestoreOp, SaveOp, SnapshotOp
 
 
 class FakeKV:
-    def __init__(self, n_cells: int):
+    def __init__(self, n_cells: int, tiers=None):
         self.n_cells = n_cells
+        self.tiers = tiers      # a kvcache.tiers.Space: SnapshotOp saves there
         self.seqs: dict[int, dict[int, int]] = {}      # seq -> pos -> cell
         self.tags: dict[int, set[tuple[int, int]]] = {}  # cell -> {(seq, pos)}
         self.values: dict[int, tuple] = {}              # cell -> what was computed there
@@ -39,6 +41,16 @@ class FakeKV:
                     self.write(op.seq, pos, value)
             elif isinstance(op, DropSavedOp):
                 self.saved.pop(op.key, None)
+            elif isinstance(op, SnapshotOp):   # the sequence's cells as llama.cpp would save them
+                state = {p: self.values[c] for p, c in self.seqs.get(op.seq, {}).items()}
+                assert sorted(state) == list(range(len(op.tokens))), "a snapshot of whole cells"
+                self.tiers.put(op.tokens, pickle.dumps(state))
+            elif isinstance(op, LoadOp):
+                for pos in list(self.seqs.get(op.seq, {})):
+                    self._drop(op.seq, pos)
+                for pos, value in pickle.loads(op.data).items():
+                    if pos < op.n_tokens:
+                        self.write(op.seq, pos, value)
 
     def write(self, seq: int, pos: int, value: tuple) -> None:
         """What llama_decode does for one token: a new cell for (seq, pos)."""

@@ -60,7 +60,7 @@ def server_process(env: dict[str, str] | None = None, startup_timeout: float = 1
     # a state directory of this server's own (batches, the reasoning key), never the user's
     state = tempfile.mkdtemp(prefix="pagedllama-test-state-")
     full_env = {**os.environ, "PAGEDLLAMA_LOG_LEVEL": "info", "PAGEDLLAMA_DRAIN_SECONDS": "3",
-                "PAGEDLLAMA_STATE_DIR": state, **(env or {})}
+                "PAGEDLLAMA_STATE_DIR": state, "PAGEDLLAMA_CACHE_DIR": "", **(env or {})}
     log_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"pagedllama-test-{port}.log"
     log = log_path.open("w")
     proc = subprocess.Popen(

@@ -26,7 +26,8 @@ public = APIRouter()
 async def health(http: HTTPRequest):
     """Every catalogued model with its state and memory (a loaded one with its contexts), and
     the memory budget: `budget`, `reserved` (counted against it now), `process` (this
-    process's resident memory) and `base` (its memory before any model was loaded)."""
+    process's resident memory) and `base` (its memory before any model was loaded); the prefix
+    cache's RAM and disk tiers (entries, bytes, limits, hits, tokens restored, restore time)."""
     svc: Service | None = getattr(http.app.state, "service", None)
     if svc is None or svc.catalog is None:
         return JSONResponse({"status": "loading", "models": {}}, status_code=503)
@@ -55,7 +56,8 @@ async def health(http: HTTPRequest):
                       # steps with prompt work beside decoding streams, against the target
                       "step_beside_streams": [w.scheduler.watch.report() for w in lm.workers]}
         models[name] = about
-    return {"status": "ok", "memory": svc.catalog.memory(), "models": models}
+    return {"status": "ok", "memory": svc.catalog.memory(), "models": models,
+            "prefix_cache_tiers": svc.catalog.tiers.stats()}
 
 
 @router.post("/generate_stream", response_class=EventStream, responses=STREAM_ONLY)

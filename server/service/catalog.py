@@ -46,6 +46,7 @@ from engine.gguf_info import GGUFHeader, gguf_facts, k_quant_file_type, read_hea
 from engine.llama import gpu_offload_supported
 from engine.memory import MemoryEstimate, MiB, ModelShape, estimate
 from engine.threads import CoreBudget
+from kvcache import PrefixStore
 from server.config import ModelSpec, Settings, total_threads, usable_cores
 from server.http.errors import APIError
 from server.service.prompts import TokenBound
@@ -193,6 +194,22 @@ class Models:
         self._reaper: asyncio.Task | None = None
         self._kick: asyncio.Event | None = None
         self.load_seconds_sum = 0.0
+        cache = settings.cache
+        # the prefix cache's tiers: RAM within what the models leave of the budget
+        self.tiers = PrefixStore(ram_limit=self._cache_room, disk_dir=cache.disk_dir,
+                                 disk_limit=cache.disk, min_tokens=cache.min_tokens)
+        log.info("prefix cache tiers: RAM %s, disk %s, snapshots of %d tokens or more",
+                 "off" if cache.ram == 0 else (f"up to {_mib(cache.ram)} within the budget"
+                                               if cache.ram else "what the budget leaves"),
+                 self.tiers.disk_note if cache.disk_dir is None
+                 else f"{self.tiers.disk_note}, up to {_mib(cache.disk)}", cache.min_tokens)
+
+    def _cache_room(self) -> int:
+        """Bytes the RAM tier may hold now: what the loaded models leave of the budget (and at
+        most PAGEDLLAMA_CACHE_RAM)."""
+        room = self.budget - self.reserved
+        cap = self.settings.cache.ram
+        return room if cap is None else min(cap, room)
 
     def _entry(self, spec: ModelSpec) -> Entry:
         header = _header(spec)
@@ -249,6 +266,7 @@ class Models:
                 lm, entry.loaded = entry.loaded, None
                 self._unload_sync(entry, lm, "shutdown")
             entry.state, entry.reserved = State.UNLOADED, 0
+        self.tiers.close()   # what is queued for disk is written first
 
     def start_reaper(self) -> None:
         """Unload idle models past their keep_alive (on the running event loop)."""
@@ -274,7 +292,8 @@ class Models:
 
     def memory(self) -> dict:
         return {"budget": self.budget, "budget_source": self.settings.memory_budget_source,
-                "reserved": self.reserved, "process": rss(), "base": self.base_rss}
+                "reserved": self.reserved, "prefix_cache_ram": self.tiers.ram_bytes,
+                "process": rss(), "base": self.base_rss}
 
     # ---- acquiring a model for a request --------------------------------------------------------
     def lease(self, entry: Entry, keep_alive: float | None = None) -> Lease:
@@ -332,7 +351,9 @@ class Models:
                            f"{_mib(need)} ({what}), more than this server's memory budget of "
                            f"{_mib(self.budget)} (PAGEDLLAMA_MEMORY_BUDGET) leaves{beside}.",
                            "model_exceeds_memory_budget", "model")
-        free = self.budget - self.reserved
+        free = self.budget - self.reserved - self.tiers.ram_bytes
+        if free < need:   # the RAM tier gives way first
+            free += self.tiers.shrink(max(0, self.tiers.ram_bytes - (need - free)))
         if free >= need:
             return []
         idle = sorted((e for e in self.entries.values()
@@ -465,7 +486,7 @@ class Models:
             bound = TokenBound(model.byte_weights())
             workers = [Worker(f"{spec.name}/{i}", model, spec.engine, self.observer,
                               publish_prefixes=spec.contexts > 1,   # for the router
-                              budget=self.core_budget)
+                              budget=self.core_budget, tiers=self.tiers)
                        for i in range(spec.contexts)]
             template = None
             source = (spec.chat_template.read_text() if spec.chat_template is not None

@@ -466,10 +466,13 @@ class Service:
         http.state.logged = True
         seq = req.state.seq
         steps = seq.prompt_steps if seq is not None else 0
-        log.info("%s %s %s model=%s prompt=%d cached=%d prompt_steps=%d completion=%d%s%s "
+        cached = sum(p.num_cached for _, p in parts)
+        tier = seq.cached_tier if seq is not None and cached else "kv"
+        log.info("%s %s %s model=%s prompt=%d cached=%d%s prompt_steps=%d completion=%d%s%s "
                  "ttft=%s total=%.3fs finish=%s%s%s", http.method, http.url.path, outcome,
-                 worker.name, sum(len(p.prompt) for _, p in parts),
-                 sum(p.num_cached for _, p in parts), steps, sum(r.num_output for r in choices),
+                 worker.name, sum(len(p.prompt) for _, p in parts), cached,
+                 f" cached_from={tier}" if cached else "", steps,
+                 sum(r.num_output for r in choices),
                  spec,
                  f" choices={len(choices)}" if len(choices) > 1 else "", ttft,
                  now - req.arrival_time, req.finish_reason or "cancelled",
