@@ -31,6 +31,12 @@ by themselves) while the first computes the prompt; then `fork` starts each from
 KV, to sample from the same logits. Admission counts a sequence's pending forks as slots and
 promises blocks for them. A fork that finds no room, or whose first ended before forking,
 becomes an ordinary waiting sequence that computes the prompt itself.
+
+Background work (priority BACKGROUND: Batch API lines) comes after everything else in the
+policy's order, whatever the policy: it is admitted last, preempted first, and a waiting
+foreground sequence may preempt it. While any foreground sequence is running or waiting, a
+step plans nothing for background sequences: they are paused where they are (their KV and seq
+ids kept), so the foreground streams get every step at the cost they have alone.
 """
 from __future__ import annotations
 
@@ -40,7 +46,7 @@ from dataclasses import dataclass, field
 from kvcache import BlockManager, KVOp
 from scheduler.costs import StepCosts, StepWatch
 from scheduler.policy import Policy
-from scheduler.sequence import FinishReason, Preemption, Sequence, Status
+from scheduler.sequence import BACKGROUND, FinishReason, Preemption, Sequence, Status
 from scheduler.speculation import Candidate, choose
 
 
@@ -133,6 +139,11 @@ class Scheduler:
         self.expired: list[Sequence] = []         # ended by their deadline, to be reported
         self.lending: dict[Sequence, set[Sequence]] = {}   # prompt done -> prompts it waits on
         self.num_preemptions = 0
+        self.paused = False   # background sequences wait this step (module doc)
+
+    def order(self, seq: Sequence) -> tuple:
+        """The policy's key, background work last (module doc)."""
+        return (seq.priority >= BACKGROUND, *self.policy.key(seq))
 
     # ---- queue ----------------------------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
@@ -193,9 +204,10 @@ class Scheduler:
     def schedule(self, now: float | None = None) -> StepPlan:
         self._expire(time.monotonic() if now is None else now)
         plan = StepPlan()
-        self.running.sort(key=self.policy.key)
+        self.running.sort(key=self.order)
+        self.paused = any(not s.background for s in (*self.running, *self.waiting))
         for seq in [s for s in self.running if s.is_decoding]:
-            if seq.status is Status.RUNNING:
+            if seq.status is Status.RUNNING and not (self.paused and seq.background):
                 self._plan(seq, 1, plan)
         self._plan_drafts(plan)
         plan.wave = self.is_wave(len(plan.chunks))
@@ -207,7 +219,7 @@ class Scheduler:
             if len(plan.chunks) <= self.few_decoding:
                 plan.finish_within = self.finish_piece
         for seq in [s for s in self.running if not s.is_decoding]:
-            if seq.status is Status.RUNNING:
+            if seq.status is Status.RUNNING and not (self.paused and seq.background):
                 self._plan_prefill(seq, plan)
         self._admit(plan)
         plan.ops = self.manager.take_ops()
@@ -284,7 +296,7 @@ class Scheduler:
     def preempt_one(self) -> None:
         """Preempt the policy's victim (llama_decode found no KV slot after all)."""
         if self.running:
-            self._preempt(max(self.running, key=self.policy.key), StepPlan())
+            self._preempt(max(self.running, key=self.order), StepPlan())
 
     def is_wave(self, decoding: int, arriving: int = 0) -> bool:
         """Whether the prompts that want computing (and `arriving` more) make a wave beside
@@ -370,7 +382,8 @@ class Scheduler:
 
     def _prefill_allowance(self, plan: StepPlan) -> int | None:
         """Prompt tokens this step may take once its decode tokens are planned (module doc)."""
-        wanting = {s for s in self.running if not s.is_decoding}
+        wanting = {s for s in self.running
+                   if not s.is_decoding and not (self.paused and s.background)}
         for lender, waits_on in list(self.lending.items()):
             waits_on &= wanting
             if not waits_on or lender.status is not Status.RUNNING:
@@ -379,7 +392,8 @@ class Scheduler:
             return None   # nothing decodes: only the budget limits
         chunk = self.manager.prefill_chunk
         free = self.max_seqs - self._slots_used()
-        admissible = min(max(free, 0), sum(1 for s in self.waiting if s.fork_of is None))
+        admissible = min(max(free, 0), sum(1 for s in self.waiting if s.fork_of is None
+                                           and not (self.paused and s.background)))
         cells = sum(self._cell_end(s) - s.num_computed for s in wanting)
         lent = set(self.lending).union(*self.lending.values()) if self.lending else ()
         allowance = max(cells + admissible * chunk, len(lent) * chunk)
@@ -460,7 +474,7 @@ class Scheduler:
     def _plan(self, seq: Sequence, n: int, plan: StepPlan, claims: list[int] | None = None) -> bool:
         """Add n tokens of seq to the plan, preempting by policy when KV blocks run out."""
         while not self.manager.ensure(seq.allocated, seq.num_computed + n):
-            victim = max(self.running, key=self.policy.key)
+            victim = max(self.running, key=self.order)
             self._preempt(victim, plan)
             if victim is seq:
                 self._release_claims(claims or [], seq)
@@ -475,10 +489,11 @@ class Scheduler:
         Each round admits one sequence, preempts one, or ends admission for this step: a sequence
         preempted in this step waits for the next, and so does everything behind a sequence
         that was admitted but then found no room to run."""
-        self.waiting.sort(key=self.policy.key)
+        self.waiting.sort(key=self.order)
         while plan.num_tokens < plan.budget:
             seq = next((s for s in self.waiting if s.fork_of is None   # forks wait
-                        and not (plan.wave and self._rides(s))), None)
+                        and not (plan.wave and self._rides(s))
+                        and not (self.paused and s.background)), None)
             if seq is None or seq in plan.preempted:
                 return
             if self._slots_used() + seq.num_slots > self.max_seqs or not self._open(seq):
@@ -512,8 +527,9 @@ class Scheduler:
 
     def _preempt_for(self, seq: Sequence, plan: StepPlan) -> bool:
         """Preempt the policy's victim so that seq may start; False when the policy says no."""
-        victim = max(self.running, key=self.policy.key) if self.running else None
-        if victim is None or not self.policy.preempts_for(seq, victim):
+        victim = max(self.running, key=self.order) if self.running else None
+        if victim is None or not (self.policy.preempts_for(seq, victim)
+                                  or (victim.background and not seq.background)):
             return False
         self._preempt(victim, plan)
         return True

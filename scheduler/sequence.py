@@ -34,6 +34,12 @@ class Preemption(StrEnum):
     RECOMPUTE = "recompute"
 
 
+# Priority of background work (Batch API lines): such a sequence runs only in steps where no
+# other sequence of its context is running or waiting (Scheduler: paused, not preempted), and is
+# the first preempted when another needs its slot or blocks, whatever the policy.
+BACKGROUND = 2**53 - 1
+
+
 @dataclass(eq=False)
 class Sequence:
     """tokens = prompt + generated; num_computed = tokens whose KV is in the context.
@@ -79,6 +85,10 @@ class Sequence:
         if end <= n:
             return self.tokens[start:end]
         return self.tokens[start:] + self.draft[:end - n]
+
+    @property
+    def background(self) -> bool:
+        return self.priority >= BACKGROUND
 
     @property
     def num_prompt(self) -> int:

@@ -3,17 +3,17 @@ code at background priority, records each line, and ends each batch (output and 
 with everything durable in the store (server/batch/store.py).
 
 **Background priority.** A batch line is a request like any other (the same service path, so
-it shares cached prefixes), submitted at the lowest priority (`BATCH_PRIORITY`: with
-`PAGEDLLAMA_SCHEDULER=priority` a waiting interactive request preempts it). With any policy the
-runner itself keeps batch work out of the way: a new line starts on a model only while
+it shares cached prefixes), submitted at the lowest priority (`BATCH_PRIORITY`, the scheduler's
+BACKGROUND: with every policy such a sequence runs only in steps where nothing else of its
+context runs or waits, pauses where it stands meanwhile, and is preempted first). The runner
+itself keeps batch work out of the way: a new line starts on a model only while
 - no client's request holds any model (`Entry.users`, the leases of requests in flight, less
   the runner's own: the models of one process share its cores), and none has for `QUIET_S`
   (an agent's next turn comes within that);
 - none of its contexts has a request waiting (the runner's own included: lines start one at a
   time as each is admitted);
 - fewer than PAGEDLLAMA_BATCH_CONCURRENCY lines are in flight (all batches together);
-and never while the server drains. Lines already running when an interactive request arrives
-finish (they cannot be paused), so a line's `max_tokens` bounds how long they share the steps.
+and never while the server drains.
 
 **Durable.** A line is marked running before it starts; its output line is recorded with its
 counts in one transaction, once (store.finish_line). A line that ends without an answer of its
@@ -43,6 +43,7 @@ from typing import Any
 
 from fastapi import Request as HTTPRequest
 
+from scheduler.sequence import BACKGROUND
 from server.batch import shapes
 from server.batch.store import ACTIVE, StorageError, Store
 from server.config import BatchSettings
@@ -52,7 +53,7 @@ from server.service.leases import SCOPE_KEY
 log = logging.getLogger("pagedllama.batch")
 request_log = logging.getLogger("pagedllama.request")
 
-BATCH_PRIORITY = 2**53 - 1   # the lowest priority a request can have (JSON's largest exact int)
+BATCH_PRIORITY = BACKGROUND   # the lowest priority a request can have (JSON's largest exact int)
 TICK_S = 0.05                # how often the runner looks at the models and its batches
 QUIET_S = 0.5                # a model's time without interactive requests before lines start
 BUSY_PAUSE_S = 1.0           # after a 429 / 503, a model gets no line for this long

@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 from kvcache import BlockManager, RestoreOp, SaveOp
 from scheduler import Scheduler, Sequence, Status, make_policy
+from scheduler.sequence import BACKGROUND
 from tests.fakes import FakeKV
 
 BS = 4
@@ -258,6 +259,44 @@ def test_priority_request_preempts_a_running_low_priority_one():
     sched.add(vip)
     step(sched, kv)
     assert sched.running == [vip] and bulk in sched.waiting and bulk.num_preemptions == 1
+
+
+@pytest.mark.parametrize("policy", ["fifo", "priority", "spf"])
+def test_background_work_pauses_while_foreground_work_runs(policy):
+    """A batch line (priority BACKGROUND) gets no tokens in a step where a foreground sequence
+    runs or waits, keeps its KV meanwhile, and goes on where it stopped; its answer is the one it
+    gets alone."""
+    sched, kv = make(policy, max_seqs=4)
+    alone = seq(6, max_tokens=12, priority=BACKGROUND)
+    sched.add(alone)
+    run_to_end(sched, kv)
+    bulk = seq(6, max_tokens=12, priority=BACKGROUND)
+    sched.add(bulk)
+    step(sched, kv)
+    step(sched, kv)
+    before = bulk.num_computed
+    chat = seq(5, max_tokens=3, base=100)
+    sched.add(chat)
+    while chat.status is not Status.FINISHED:
+        plan = step(sched, kv)
+        assert all(c.seq is not bulk for c in plan.chunks)
+        assert bulk.num_computed == before and bulk.status is Status.RUNNING
+    run_to_end(sched, kv)
+    assert bulk.tokens == alone.tokens and sched.num_preemptions == 0
+
+
+@pytest.mark.parametrize("policy", ["fifo", "priority", "spf"])
+def test_foreground_work_preempts_background_work_for_its_slot(policy):
+    sched, kv = make(policy, max_seqs=1)
+    bulk = seq(3, max_tokens=30, priority=BACKGROUND)
+    sched.add(bulk)
+    step(sched, kv)
+    chat = seq(3, base=100)
+    sched.add(chat)
+    step(sched, kv)
+    assert sched.running == [chat] and bulk in sched.waiting and bulk.num_preemptions == 1
+    run_to_end(sched, kv)
+    assert bulk.status is Status.FINISHED and bulk.num_output == 30
 
 
 def test_fifo_never_preempts_for_a_waiting_request():
