@@ -10,7 +10,8 @@ Three measurements on one server, in this order:
 1. interactive chats: `--streams` clients, each sending `--interactive` short streamed chats one
    after another with `--think` seconds between them, alone and then while a batch of
    `--batch-lines` lines runs (created first and running before the chats start; cancelled
-   after them): TTFT p50 / p95 and output tokens a second of the chats, and the ratios with /
+   after them; `--beside-lines` lines): TTFT p50 / p95 and output tokens a second of the
+   chats, and the ratios with /
    alone; how many batch lines finished meanwhile;
 2. the batch alone: the same lines as a batch, from creation to `completed`: lines and output
    tokens a second;
@@ -52,7 +53,10 @@ def parse_args(argv: list[str] | None = None):
     p.add_argument("--think", type=float, default=1.0, help="seconds between a client's chats")
     p.add_argument("--input-len", type=int, default=64, help="interactive prompt tokens")
     p.add_argument("--output-len", type=int, default=32, help="interactive answer tokens")
-    p.add_argument("--batch-lines", type=int, default=48)
+    p.add_argument("--batch-lines", type=int, default=48,
+                   help="lines of the batch run alone (and of each client concurrency)")
+    p.add_argument("--beside-lines", type=int, default=1000,
+                   help="lines of the batch running beside the chats (cancelled after them)")
     p.add_argument("--batch-input-len", type=int, default=96)
     p.add_argument("--batch-output-len", type=int, default=64)
     p.add_argument("--sweep", default="1,2,4,8,16", help="client concurrencies")
@@ -62,6 +66,7 @@ def parse_args(argv: list[str] | None = None):
         args.streams, args.interactive, args.think = 1, 3, 0.2
         args.input_len, args.output_len = 24, 4
         args.batch_lines, args.batch_input_len, args.batch_output_len = 4, 24, 6
+        args.beside_lines = 4
         args.sweep = "1,2"
     args.concurrencies = [int(c) for c in args.sweep.split(",") if c.strip()]
     if not args.concurrencies or min(args.concurrencies) < 1:
@@ -100,8 +105,9 @@ async def interactive(base: str, model: str, args, cal: ds.Calibration, tag: str
             "errors": sorted({o.error for o in outs if not o.ok})}
 
 
-def batch_file(model: str, args, cal: ds.Calibration, tag: str) -> tuple[bytes, list[dict]]:
-    convs = ds.random_dataset(args.batch_lines, args.batch_input_len, cal, args.seed, tag)
+def batch_file(model: str, args, cal: ds.Calibration, tag: str,
+               lines: int | None = None) -> tuple[bytes, list[dict]]:
+    convs = ds.random_dataset(lines or args.batch_lines, args.batch_input_len, cal, args.seed, tag)
     bodies = [payload(model, ds.chat_messages(c, 0), True, args.batch_output_len, True, stream=False)
               for c in convs]
     lines = [{"custom_id": f"line-{i}", "method": "POST", "url": CHAT, "body": b}
@@ -186,7 +192,8 @@ async def run(base: str, args) -> dict:
     cal = await calibrate(base, CHAT, model, args.seed)
     alone = await interactive(base, model, args, cal, "alone")
     print(f"chats alone: TTFT p95 {alone['ttft_p95_ms']:.0f} ms", file=sys.stderr, flush=True)
-    beside = await beside_batch(base, model, args, cal, batch_file(model, args, cal, "batch-beside")[0])
+    beside = await beside_batch(base, model, args, cal, batch_file(model, args, cal, "batch-beside",
+                                                                   args.beside_lines)[0])
     print(f"chats beside a batch: TTFT p95 {beside['ttft_p95_ms']:.0f} ms", file=sys.stderr, flush=True)
     batch = await batch_alone(base, batch_file(model, args, cal, "batch-alone")[0], args)
     print(f"batch alone: {batch['tok_s']:.1f} tok/s", file=sys.stderr, flush=True)
@@ -212,8 +219,9 @@ def fmt(x: float | None, spec: str = ".2f") -> str:
 def table(r: dict, args) -> str:
     a, b, batch, ratios = r["interactive_alone"], r["interactive_beside_batch"], r["batch_alone"], r["ratios"]
     lines = [f"batch at background priority · {r['model']} · {args.streams} chat clients × {args.interactive} "
-             f"(~{args.input_len} in / {args.output_len} out, think {args.think:g} s) · batch of "
-             f"{args.batch_lines} lines (~{args.batch_input_len} in / {args.batch_output_len} out)",
+             f"(~{args.input_len} in / {args.output_len} out, think {args.think:g} s) · beside "
+             f"them a batch of {args.beside_lines} lines, alone one of {args.batch_lines} (lines "
+             f"~{args.batch_input_len} in / {args.batch_output_len} out)",
              f"{'':28}{'TTFT p50':>10}{'TTFT p95':>10}{'tok/s a chat':>14}{'batch lines done':>18}",
              f"{'chats alone':28}{fmt(a['ttft_p50_ms'], '.0f'):>8}ms{fmt(a['ttft_p95_ms'], '.0f'):>8}ms"
              f"{a['tok_s_per_chat']:14.1f}{'':>18}",
