@@ -36,7 +36,9 @@ Background work (priority BACKGROUND: Batch API lines) comes after everything el
 policy's order, whatever the policy: it is admitted last, preempted first, and a waiting
 foreground sequence may preempt it. While any foreground sequence is running or waiting, a
 step plans nothing for background sequences: they are paused where they are (their KV and seq
-ids kept), so the foreground streams get every step at the cost they have alone.
+ids kept), so the foreground streams get every step at the cost they have alone; and while
+background work runs alone its steps stay short (prompt tokens within BACKGROUND_STEP_S, one
+grid cell at least; no waves), so foreground work arriving waits for one short step at most.
 """
 from __future__ import annotations
 
@@ -75,6 +77,9 @@ class Chunk:
     def tokens(self) -> list[int]:
         return self.seq.piece(self.start, self.end)
 
+
+# While background work runs alone, a step's prompt tokens fit this many seconds (module doc).
+BACKGROUND_STEP_S = 0.1
 
 # A wave: prompts wanting computing at least this many times the decoding streams (module doc).
 WAVE_RATIO = 2.0
@@ -210,10 +215,15 @@ class Scheduler:
             if seq.status is Status.RUNNING and not (self.paused and seq.background):
                 self._plan(seq, 1, plan)
         self._plan_drafts(plan)
-        plan.wave = self.is_wave(len(plan.chunks))
+        background = not self.paused and self.has_work()   # background work alone
+        plan.wave = not background and self.is_wave(len(plan.chunks))
         plan.budget = self.wave_batch_tokens if plan.wave else self.max_batch_tokens
-        plan.allowance = None if plan.wave else self._prefill_allowance(plan)
-        if plan.allowance is not None:   # a step may grow to what the time target allows
+        if background:   # short steps: foreground work arriving waits for one of them at most
+            timed = self.costs.prompt_tokens_within(BACKGROUND_STEP_S, bool(plan.chunks))
+            plan.allowance = max(self.manager.prefill_chunk, timed or 0)
+        elif not plan.wave:
+            plan.allowance = self._prefill_allowance(plan)
+        if plan.allowance is not None and not background:   # a step may grow to the target
             plan.budget = max(plan.budget, min(self.max_step_tokens,
                                                plan.num_tokens + plan.allowance))
             if len(plan.chunks) <= self.few_decoding:

@@ -52,7 +52,7 @@ class BatchSettings:
     max_file_bytes: int = 100 * 1024**2   # an uploaded file
     max_lines: int = 50_000               # request lines in one batch
     max_active: int = 4                   # batches not finished (validating, running, ...)
-    concurrency: int = 4                  # batch lines in flight at once (all batches)
+    concurrency: int = 8                  # batch lines in flight at once (all batches)
 
     @property
     def directory(self) -> Path:
@@ -211,7 +211,7 @@ def batch_from_env() -> BatchSettings:
                                                   "PAGEDLLAMA_BATCH_MAX_FILE_BYTES"),
               **{name: int(_env(name, default)) for name, default in (
                   ("BATCH_MAX_LINES", "50000"), ("BATCH_MAX_ACTIVE", "4"),
-                  ("BATCH_CONCURRENCY", "4"))}}
+                  ("BATCH_CONCURRENCY", "8"))}}
     for name, value in values.items():
         if value < 1:
             raise ValueError(f"PAGEDLLAMA_{name} must be at least 1")

@@ -285,6 +285,19 @@ def test_background_work_pauses_while_foreground_work_runs(policy):
     assert bulk.tokens == alone.tokens and sched.num_preemptions == 0
 
 
+def test_background_work_alone_takes_short_steps():
+    """Alone, background prompts advance a grid cell a step until costs are known (then what
+    fits BACKGROUND_STEP_S), never in a wave: foreground work arriving waits one short step."""
+    sched, kv = make(max_seqs=4, budget=64)
+    lines = [seq(40, max_tokens=2, priority=BACKGROUND, base=100 * i) for i in range(6)]
+    for line in lines:
+        sched.add(line)
+    while sched.has_work():
+        plan = step(sched, kv)
+        assert not plan.wave and plan.num_prompt_tokens <= BS
+    assert all(line.status is Status.FINISHED for line in lines)
+
+
 @pytest.mark.parametrize("policy", ["fifo", "priority", "spf"])
 def test_foreground_work_preempts_background_work_for_its_slot(policy):
     sched, kv = make(policy, max_seqs=1)
