@@ -508,8 +508,14 @@ class Context:
                 self.drop_saved(op.key)
             elif isinstance(op, SnapshotOp):
                 if self.tiers is not None:
+                    t0 = time.perf_counter()
                     self._settle(op.seq)
-                    self.tiers.put(op.tokens, self.state_bytes(op.seq))
+                    data = self.state_bytes(op.seq)
+                    t1 = time.perf_counter()
+                    self.tiers.put(op.tokens, data)
+                    log.debug("saved the state of %d tokens (%.1f MiB) in %.3f s, kept in "
+                              "%.3f s", len(op.tokens), len(data) / 2**20, t1 - t0,
+                              time.perf_counter() - t1)
             elif isinstance(op, LoadOp):
                 t0 = time.perf_counter()
                 self._settle(op.seq)

@@ -210,10 +210,25 @@ class Worker:
                 except Exception as exc:   # a broken context fails its own requests only
                     log.exception("engine %s step failed", self.name)
                     self._fail_all(f"engine error: {exc}")
+            self._save_snapshots(all_of_them=True)   # an unload or a shutdown: keep them
         finally:   # however the thread ends, it no longer keeps the others on their own share
             self.lease.idle()
 
+    def _save_snapshots(self, all_of_them: bool = False) -> None:
+        """Save finished sequences' prefixes to the tiers (kvcache/manager.py: they wait for a
+        moment with nothing else to do), one at a time until a request arrives (a copy takes
+        up to a second: the next turn of a conversation finds its prefix in the streams
+        anyway); `all_of_them` when stopping."""
+        try:
+            while self.manager.unsaved and (all_of_them or not self.inbox):
+                self.context.apply(self.manager.take_snapshots(limit=1))
+        except Exception:   # the tiers are a cache: a failure here fails no request
+            log.exception("engine %s: saving prefixes to the cache tiers failed", self.name)
+
     def _wait_for_work(self) -> None:
+        self._save_snapshots()
+        if self.inbox or self._stop:
+            return
         self.lease.pause()
         self._publish()
         self.wakeup.wait()

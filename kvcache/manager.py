@@ -34,8 +34,11 @@ evicted now (leaves first). That makes `num_free_blocks` (free + evictable) exac
 can deliver, and `open`/`ensure` all or nothing.
 
 Beyond the KV streams (kvcache/tiers.py, with a `Space`): a sequence that ends holding at least
-the space's `min_tokens` cached tokens not yet saved is saved as a snapshot (SnapshotOp, after the
-ops that cut its cells to its cached chain); a new sequence whose prompt a snapshot holds further
+the space's `min_tokens` cached tokens not yet saved is saved as a snapshot (SnapshotOp) once
+its holder's cells hold exactly its cached chain, not on the step it ended in: copying a state
+takes a while (0.2 s for 3,000 SmolLM2 tokens in a busy server), so it waits until the engine
+has nothing else to do (take_snapshots) or until an op would change the holder's cells (_emit
+saves it first); a new sequence whose prompt a snapshot holds further
 than the streams do, by enough to pay for loading it, gets it (LoadOp into its own seq id, cut to
 whole blocks within max_reuse), and its blocks join the prefix cache as if computed.
 
@@ -99,6 +102,7 @@ class BlockManager:
         self.live: set[int] = set()       # seq ids of open sequences
         self.allocs: dict[int, SeqAlloc] = {}   # seq id -> its open sequence
         self._ops: list[KVOp] = []          # for the engine, in order; read through take_ops()
+        self.unsaved: dict[int, tuple[int, ...]] = {}   # holder -> its chain's tokens, to save
         self._save_keys = itertools.count()
         self.query_tokens = self.hit_tokens = 0
 
@@ -236,7 +240,7 @@ class BlockManager:
             self._ref(block)
             alloc.blocks.append(block)
         self.ensure(alloc, n_tokens)
-        self._ops.append(CopyOp(parent.seq_id, seq_id, 0, n_tokens))
+        self._emit(CopyOp(parent.seq_id, seq_id, 0, n_tokens))
         alloc.num_checked = len(shared)
         self.commit(alloc, tokens, n_tokens)
         return alloc
@@ -293,31 +297,54 @@ class BlockManager:
             self._release_seq_id(seq_id)
             return
         n_cells = n_keep * self.block_size
-        moving = not self.share_cells and self.free_seq_ids and max(self.free_seq_ids) > seq_id
-        saving = snapshot and self._worth_saving(chain)
-        if saving or not moving:
-            self._ops.append(RemoveOp(seq_id, n_cells))
-        if saving:   # before a move: llama.cpp copies a split stream's data only at its next
-            # decode, so the new seq id's cells cannot be read before
-            self._ops.append(SnapshotOp(seq_id, tuple(t for b in chain for t in b.tokens)))
-        if moving:
-            self._move_holder(seq_id, max(self.free_seq_ids), n_cells, owned)
+        if not self.share_cells and self.free_seq_ids and max(self.free_seq_ids) > seq_id:
+            seq_id = max(self.free_seq_ids)
+            self._move_holder(alloc.seq_id, seq_id, n_cells, owned)
+        else:
+            self._emit(RemoveOp(seq_id, n_cells))
+        if snapshot and self._worth_saving([b.key for b in chain]):
+            self.unsaved[seq_id] = tuple(t for b in chain for t in b.tokens)
 
-    def _worth_saving(self, chain: list[Block]) -> bool:
+    def _worth_saving(self, hashes: list[int]) -> bool:
         """Whether a holder's cached chain goes to the tiers: long enough, and not held by a
         snapshot already."""
         tiers = self.tiers
-        return (tiers is not None and len(chain) * self.block_size >= tiers.min_tokens
-                and not tiers.covers([b.key for b in chain]))
+        return (tiers is not None and len(hashes) * self.block_size >= tiers.min_tokens
+                and not tiers.covers(hashes))
+
+    def take_snapshots(self, limit: int | None = None) -> list[KVOp]:
+        """The ops so far, then a SnapshotOp for each holder not yet saved, `limit` of them at
+        most (the engine calls this while it has nothing else to do, and before it stops)."""
+        for seq_id in list(self.unsaved)[:limit]:
+            self._save_holder(seq_id)
+        return self.take_ops()
+
+    def _save_holder(self, seq_id: int) -> None:
+        tokens = self.unsaved.pop(seq_id)
+        if self._worth_saving(block_hashes(tokens, self.block_size)):
+            self._ops.append(SnapshotOp(seq_id, tokens))
+
+    def _emit(self, op: KVOp) -> None:
+        """Queue an op for the engine; a holder not yet saved is saved first if the op would
+        change its cells (module doc)."""
+        if isinstance(op, RemoveOp):
+            tokens = self.unsaved.get(op.seq)
+            if tokens is not None and op.p0 < len(tokens):
+                self._save_holder(op.seq)
+        elif isinstance(op, CopyOp) and op.dst in self.unsaved:
+            self._save_holder(op.dst)
+        self._ops.append(op)
 
     def _move_holder(self, src: int, dst: int, n_tokens: int, owned: list[Block]) -> None:
         """Hand the cached blocks src owns, and its cells [0, n_tokens), to seq id dst."""
         self.free_seq_ids.remove(dst)
         heapq.heapify(self.free_seq_ids)
-        self._ops.append(CopyOp(src, dst, 0, n_tokens))
+        self._emit(CopyOp(src, dst, 0, n_tokens))
         for block in owned:
             block.owner = dst
         self.owned[dst] = self.owned.pop(src)
+        if src in self.unsaved:   # saved from its new seq id (the engine settles the copy first)
+            self.unsaved[dst] = self.unsaved.pop(src)
         self._release_seq_id(src)
 
     # ---- swapping sequence state to RAM -------------------------------------------------------
@@ -352,7 +379,7 @@ class BlockManager:
         those positions need go back to the free list. Those blocks are the sequence's own and
         uncached: only verified tokens are ever committed."""
         assert n_tokens >= alloc.num_checked * self.block_size, "verified tokens stay"
-        self._ops.append(RemoveOp(alloc.seq_id, n_tokens))
+        self._emit(RemoveOp(alloc.seq_id, n_tokens))
         keep = self.blocks_for(n_tokens)
         for block in alloc.blocks[keep:]:
             assert block.hash is None and block.ref_count == 1, "a drafted block was shared"
@@ -405,8 +432,8 @@ class BlockManager:
         """A unified cache shares the twin's cells; a split KV stream keeps its own copy of them."""
         if self.share_cells:
             p0, p1 = i * self.block_size, (i + 1) * self.block_size
-            self._ops += [RemoveOp(alloc.seq_id, p0, p1),
-                          CopyOp(twin.holder, alloc.seq_id, p0, p1)]
+            self._emit(RemoveOp(alloc.seq_id, p0, p1))
+            self._emit(CopyOp(twin.holder, alloc.seq_id, p0, p1))
         self._ref(twin)
         block, alloc.blocks[i] = alloc.blocks[i], twin
         block.reset()
@@ -484,7 +511,7 @@ class BlockManager:
             alloc.blocks.append(block)
         p1 = len(alloc.blocks) * self.block_size
         src = hit[-1].holder if part is None else part.holder
-        self._ops.append(CopyOp(src, alloc.seq_id, p0, p1 + k))
+        self._emit(CopyOp(src, alloc.seq_id, p0, p1 + k))
 
     def _ref(self, block: Block) -> None:
         if block.ref_count == 0:
@@ -523,7 +550,7 @@ class BlockManager:
         del self.evictable[leaf.id]
         del self.cache[leaf.key]
         owner, bs = leaf.holder, self.block_size
-        self._ops.append(RemoveOp(owner, self._kept_cells(leaf), (leaf.index + 1) * bs))
+        self._emit(RemoveOp(owner, self._kept_cells(leaf), (leaf.index + 1) * bs))
         parent = leaf.parent
         key = leaf.parent_key
         siblings = self.children[key]
@@ -631,7 +658,7 @@ class BlockManager:
 
     def _release_seq_id(self, seq_id: int, had_cells: bool = True) -> None:
         if had_cells:
-            self._ops.append(RemoveOp(seq_id, 0))
+            self._emit(RemoveOp(seq_id, 0))
         heapq.heappush(self.free_seq_ids, seq_id)
 
     # ---- checks (tests and debugging) -----------------------------------------------------------
@@ -670,6 +697,7 @@ class BlockManager:
         assert all(self.allocs[b.holder].blocks[b.index] is b for b in self.cache.values()
                    if b.holder in self.allocs)
         assert len(set(self.free_seq_ids)) == len(self.free_seq_ids)
+        assert set(self.unsaved) <= set(self.owned) - self.live, "only holders wait to be saved"
         assert len(self.free_seq_ids) + len(self.live | set(self.owned)) == self.num_seq_ids
 
     def _check_leaves(self) -> None:

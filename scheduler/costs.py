@@ -21,6 +21,7 @@ over all sizes said 1.4): each call size keeps how far its calls lately were fro
 """
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -315,20 +316,25 @@ class StepWatch:
     over_half: int = 0     # past 1.5 times the target
     seconds: float = 0.0   # the step being planned or run: its calls so far
     watched: bool = False  # whether that step counts
+    max_wall_s: float = 0.0   # the largest watched step from its plan to the next plan
+    planned_at: float = 0.0   # when the step being run was planned (perf_counter)
 
-    def start(self, watched: bool) -> None:
+    def start(self, watched: bool, now: float | None = None) -> None:
         """A new step is planned: the one before it is counted, if it was watched."""
+        now = time.perf_counter() if now is None else now
         if self.watched:
             self.steps += 1
             self.max_s = max(self.max_s, self.seconds)
+            self.max_wall_s = max(self.max_wall_s, now - self.planned_at)
             self.over += self.seconds > self.target_s
             self.over_half += self.seconds > 1.5 * self.target_s
-        self.watched, self.seconds = watched, 0.0
+        self.watched, self.seconds, self.planned_at = watched, 0.0, now
 
     def call(self, seconds: float) -> None:
         self.seconds += seconds
 
     def report(self) -> dict:
         return {"target_ms": round(1000 * self.target_s, 1), "steps": self.steps,
-                "max_ms": round(1000 * self.max_s, 1), "over_target": self.over,
+                "max_ms": round(1000 * self.max_s, 1),
+                "max_wall_ms": round(1000 * self.max_wall_s, 1), "over_target": self.over,
                 "over_1_5x_target": self.over_half}

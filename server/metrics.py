@@ -454,6 +454,9 @@ class _StateCollector(Collector):
                                     labels=labels)
         largest = GaugeMetricFamily(PREFIX + "step_beside_streams_max_seconds", "The largest "
                                     "such step's llama_decode time since start.", labels=labels)
+        wall = GaugeMetricFamily(PREFIX + "step_beside_streams_max_wall_seconds", "The largest "
+                                 "such step from its plan to the next plan (what a stream "
+                                 "waits between two tokens).", labels=labels)
         over = CounterMetricFamily(PREFIX + "steps_over_target", "Such steps that took longer "
                                    "than the step target.", labels=labels)
         for w in self.observer.workers():
@@ -461,8 +464,9 @@ class _StateCollector(Collector):
             at = [model_of(w), w.name]
             steps.add_metric(at, watch.steps)
             largest.add_metric(at, watch.max_s)
+            wall.add_metric(at, watch.max_wall_s)
             over.add_metric(at, watch.over)
-        yield from (steps, largest, over)
+        yield from (steps, largest, wall, over)
 
     def _batches(self):
         """The Batch API: lines done since start (by outcome) and their tokens, lines running

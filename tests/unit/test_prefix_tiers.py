@@ -67,13 +67,35 @@ def test_short_chains_and_preempted_sequences_are_not_saved():
     alloc = manager.open(prompt(1, 20), 18, 21)
     kv.apply(manager.take_ops())
     manager.free(alloc)
-    assert not any(isinstance(op, SnapshotOp) for op in manager.take_ops())
+    assert not any(isinstance(op, SnapshotOp) for op in manager.take_snapshots())
     tokens = prompt(2, 40)
     alloc = manager.open(tokens, 38, 41)
     manager.ensure(alloc, 40)
     manager.commit(alloc, tokens, 40)
     manager.free(alloc, snapshot=False)
-    assert not any(isinstance(op, SnapshotOp) for op in manager.take_ops())
+    assert not any(isinstance(op, SnapshotOp) for op in manager.take_snapshots())
+
+
+def test_a_holder_is_saved_when_idle_or_before_its_cells_change():
+    space = store().space(IDENTITY, BS, whole_only=False)
+    manager, kv = make(space, seq_ids=1)
+    a = prompt(1, 40)
+    run(manager, kv, a)            # ends: not saved on the step it ended in
+    assert manager.unsaved and not space.snapshots()
+    alloc = manager.open(prompt(2, 40), 38, 41)   # needs the only seq id: saved first
+    ops = manager.take_ops()
+    kinds = [type(op).__name__ for op in ops]
+    assert kinds.index("SnapshotOp") < kinds.index("RemoveOp")
+    kv.apply(ops)
+    assert len(space.snapshots()) == 1 and not manager.unsaved
+    manager.free(alloc)
+    kv.apply(manager.take_ops())
+    assert not manager.unsaved          # it computed nothing: nothing to save
+    b = prompt(3, 40)
+    run(manager, kv, b)
+    assert manager.unsaved
+    kv.apply(manager.take_snapshots())   # nothing else to do: saved now
+    assert not manager.unsaved and len(space.snapshots()) == 2
 
 
 def test_a_small_gain_over_the_streams_loads_nothing():
