@@ -14,7 +14,7 @@ from tests.server_proc import SMOLLM2, SMOLLM2_NAME, server_process
 from tests.test_engine import SYSTEM, chat_prompt
 
 QUESTIONS = ["Summarise the rules above in one line.", "Which rule matters most?",
-             "Give an example of the second rule.", "What should be avoided?"]
+             "Give an example of the second rule."]
 
 
 @pytest.fixture(scope="module")

@@ -96,8 +96,8 @@ def test_greedy_answers_are_the_same_with_speculation_on_off_and_adaptive(model)
                                       ("adaptive", "ngram", "adaptive")):
         worker = make_worker(model, speculative, policy)
         try:
-            alone = answers(worker, prompts, concurrent=False)
-            together = answers(worker, prompts)
+            alone = answers(worker, prompts, concurrent=False, max_tokens=48)
+            together = answers(worker, prompts, max_tokens=48)
             results[name] = (alone, together)
             counts = worker.speculation.counts
             drafted[name] = (counts.draft_tokens, counts.accepted_tokens)
@@ -124,7 +124,7 @@ def test_a_seeded_sampled_request_gives_the_same_answer_with_speculation_on_and_
         worker = make_worker(model, speculative)
         try:
             outs[speculative] = [
-                answers(worker, prompts, temperature=0.7, seed=11 + i, top_k=40)
+                answers(worker, prompts, temperature=0.7, seed=11 + i, top_k=40, max_tokens=48)
                 for i in range(2)]
         finally:
             worker.stop()
@@ -203,10 +203,10 @@ def test_a_preempted_sequence_finishes_with_its_unpreempted_answer(model, mode):
         worker = make_worker(model, speculative, scheduler="priority", max_seqs=1,
                              preemption=mode, prefix_caching=False)
         try:
-            alone = run_all(worker, [bulk_prompt], max_tokens=80)[0][:3]
+            alone = run_all(worker, [bulk_prompt], max_tokens=48)[0][:3]
 
             async def main():
-                bulk = asyncio.ensure_future(collect(worker, bulk_prompt, max_tokens=80,
+                bulk = asyncio.ensure_future(collect(worker, bulk_prompt, max_tokens=48,
                                                      priority=10))
                 deadline = time.monotonic() + 60
                 while not worker.scheduler.running or worker.scheduler.running[0].num_output < 12:
