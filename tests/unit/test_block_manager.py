@@ -414,7 +414,27 @@ def test_split_kv_holder_moves_to_the_highest_free_seq_id():
     compute(manager, kv, a, tokens, 0, 10)
     manager.free(a)
     assert manager.take_ops()[0] == CopyOp(a.seq_id, 3, 0, 8)
-    assert manager.owned == {3: 2} and manager.open(tokens, 9, 11).seq_id == 0
+    assert manager.owned == {3: 2}
+    manager.open(list(range(100, 110)), 9, 11)               # live: 0
+    assert manager.open(tokens, 9, 11).seq_id == 1           # 3 would leave a gap: a copy
+    manager.check_invariants()
+
+
+def test_split_kv_a_prompt_that_continues_a_holder_whole_runs_on_its_seq_id():
+    """Nothing else live: the next turn of a conversation runs where its cells are, no copy."""
+    manager, kv = make(seq_ids=4, share_cells=False)
+    tokens = list(range(10))
+    a = manager.open(tokens, 9, 11)
+    compute(manager, kv, a, tokens, 0, 10)
+    manager.free(a)
+    kv.apply(manager.take_ops())
+    longer = tokens + [50, 51, 52, 53, 54, 55]
+    b = manager.open(longer, 14, 17)
+    assert b.seq_id == 3 and b.num_cached == 8
+    assert not any(isinstance(op, CopyOp) for op in manager.take_ops())
+    compute(manager, kv, b, longer, 8, 16)
+    assert kv.read(3) == [tuple(longer[:p + 1]) for p in range(16)]
+    manager.check_invariants()
 
 
 def test_split_kv_live_seq_ids_stay_contiguous_when_a_holder_sits_in_the_gap():
