@@ -78,6 +78,10 @@ class QueueFull(Exception):
 SLOW_STEP = 4.0
 SLOW_STEP_MARGIN_S = 0.05
 
+# Finished sequences' prefixes are saved to the cache tiers once the context has had nothing to
+# do for this long (a copy takes up to a second, and a request arriving meanwhile waits for it).
+SAVE_AFTER_IDLE_S = 1.0
+
 
 class Worker:
     """One llama.cpp context and the thread that runs its step loop."""
@@ -226,7 +230,13 @@ class Worker:
             log.exception("engine %s: saving prefixes to the cache tiers failed", self.name)
 
     def _wait_for_work(self) -> None:
-        self._save_snapshots()
+        if self.manager.unsaved:   # saved once the context has been idle a moment: an agent's
+            self.lease.pause()     # next request, which continues the last one, comes sooner
+            self._publish()
+            if self.wakeup.wait(SAVE_AFTER_IDLE_S):
+                self.wakeup.clear()
+                return
+            self._save_snapshots()
         if self.inbox or self._stop:
             return
         self.lease.pause()
