@@ -137,6 +137,7 @@ class Worker:
         self.cached_hashes: frozenset[int] = frozenset()   # published for the router
         self.stats = self._collect_stats()                 # published for /health and metrics
         self._stop = False
+        self.sleeping = False         # waiting for a request with nothing left to do (tests)
         self._thread = threading.Thread(target=self._run, name=f"engine-{name}", daemon=True)
 
     @property
@@ -241,7 +242,9 @@ class Worker:
             return
         self.lease.pause()
         self._publish()
+        self.sleeping = True   # every op applied, every prefix saved: nothing left to do
         self.wakeup.wait()
+        self.sleeping = False
         self.wakeup.clear()
 
     def _drain_inbox(self) -> None:

@@ -3,10 +3,12 @@ import asyncio
 
 
 def idle(worker) -> None:
-    """Wait until the worker has nothing to do (its inbox empty, no sequence left)."""
+    """Wait until the worker has nothing to do (its inbox empty, no sequence left) and sleeps:
+    the KV ops of what ended are applied (a worker that just took a cancel from its inbox has
+    no work left but has not applied them yet)."""
     async def wait():
         for _ in range(400):
-            if not worker.scheduler.has_work() and not worker.inbox:
+            if worker.sleeping and not worker.scheduler.has_work() and not worker.inbox:
                 return
             await asyncio.sleep(0.05)
         raise AssertionError("worker did not go idle")

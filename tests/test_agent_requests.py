@@ -52,7 +52,7 @@ def replay(base: str, name: str, body: dict | None = None) -> tuple[httpx.Respon
     return sse(base, recorded["path"], body or recorded["body"], headers)
 
 
-def shortened(body: dict, limit: int = 300) -> dict:
+def shortened(body: dict, limit: int = 120) -> dict:
     """A recorded body with every string longer than `limit` characters cut to it (texts and
     descriptions, at any depth; schemas' names and types are short): the same items, fields
     and tools, a prompt a fraction as long."""
