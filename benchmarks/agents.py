@@ -47,6 +47,7 @@ from benchmarks.harness.launch import (
     parse_env,
 )
 from server.config import DEFAULT_MODEL, chat_template_path
+from server.openai.tool_fields import responses_tools
 
 ROOT = Path(__file__).resolve().parent.parent
 AGENTS_DIR = ROOT / ".agents"       # make agents installs the CLIs here (ignored by git)
@@ -82,6 +83,7 @@ class Recorder:
     turn: int = 0
     exchanges: list[Exchange] = field(default_factory=list)
     max_tokens: int | None = None   # bodies forwarded with at most this many output tokens
+    flatten_tools: bool = False     # Responses tools sent as the functions our server offers
 
 
 LIMITS = ("max_tokens", "max_output_tokens", "max_completion_tokens")
@@ -98,6 +100,20 @@ def capped(body: dict, limit: int | None) -> dict:
     if not any(k in out for k in LIMITS):
         out["max_output_tokens" if "input" in out else "max_tokens"] = limit
     return out
+
+
+def flattened(body: dict) -> dict:
+    """A Responses body whose tools are the function tools this server offers the model for
+    them (a namespace's functions, custom tools as one-string functions; hosted tools left out),
+    for llama-server, whose /v1/responses skips every tool that is not a function: without this
+    its prompt lacks Codex's namespaced and custom tools and is not the same prompt."""
+    if "input" not in body or not isinstance(body.get("tools"), list):
+        return body
+    offered = responses_tools(body["tools"], body.get("tool_choice"),
+                              body.get("parallel_tool_calls")).use.functions
+    tools = [{"type": "function", "name": f.name, "description": f.description,
+              "parameters": f.parameters, "strict": False} for f in offered]
+    return {**body, "tools": tools}
 
 
 def _usage(event: dict, ex: Exchange) -> None:
@@ -146,8 +162,10 @@ def proxy_app(rec: Recorder) -> FastAPI:
                                        "session_id", "user-agent"))}
         rec.exchanges.append(ex)
         headers = {k: v for k, v in http.headers.items() if k not in ("host", "content-length")}
-        if rec.max_tokens is not None and isinstance(ex.body, dict) and http.method == "POST":
-            raw = json.dumps(capped(ex.body, rec.max_tokens)).encode()
+        if isinstance(ex.body, dict) and http.method == "POST" and (
+                rec.max_tokens is not None or rec.flatten_tools):
+            sent = capped(ex.body, rec.max_tokens)
+            raw = json.dumps(flattened(sent) if rec.flatten_tools else sent).encode()
         t0 = time.monotonic()
         req = client.build_request(http.method, "/" + path, params=http.query_params,
                                    content=raw, headers=headers)
@@ -402,7 +420,7 @@ def main(argv: list[str] | None = None) -> int:
             url = args.url or stack.enter_context(_launch(server, args, ap))
             model = httpx.get(f"{url}/v1/models").json()["data"][0]["id"]
             rec = Recorder(url, max_tokens=(args.max_output or None) if args.cap_requests
-                           else None)
+                           else None, flatten_tools=server == "llama-server")
             base = stack.enter_context(Proxy(rec))
             turns: list[TurnResult] = []
             for agent in agents:

@@ -21,7 +21,9 @@ from pathlib import Path
 import llama_cpp as C
 import numpy as np
 
+from engine import segments
 from engine.gguf_info import k_quant_file_type
+from engine.segments import SegmentTokenizer, split_tokens
 from kvcache import (
     CopyOp,
     DropSavedOp,
@@ -219,6 +221,7 @@ class Model:
                                  if C.llama_vocab_is_eog(self.vocab, t))
         self.file_type = self._meta("general.file_type")
         self._pieces: dict[int, bytes] = {}
+        self._segments: SegmentTokenizer | None = None   # built at the first long text
         template = C.llama_model_chat_template(self.ptr, None)
         self.chat_template: str | None = template.decode("utf-8") if template else None
 
@@ -237,6 +240,36 @@ class Model:
 
     def tokenize(self, text: str, add_special: bool = True,
                  parse_special: bool = True) -> list[int]:
+        """llama.cpp's tokens of `text`; a long one with special tokens parsed goes through the
+        remembered segments of engine/segments.py (the same tokens)."""
+        if parse_special and len(text) >= segments.MIN_CHARS:
+            return self._segmenter().tokenize(text, add_special)
+        return self._tokenize(text, add_special, parse_special)
+
+    def _segmenter(self) -> SegmentTokenizer:
+        if self._segments is None:
+            splits: frozenset[str] = frozenset()
+            if (C.llama_vocab_type(self.vocab) in (C.LLAMA_VOCAB_TYPE_SPM, C.LLAMA_VOCAB_TYPE_BPE)
+                    and not C.llama_vocab_get_add_eos(self.vocab)):
+                splits = split_tokens(self._special_tokens())
+            self._segments = SegmentTokenizer(lambda t, bos: self._tokenize(t, bos, True), splits)
+        return self._segments
+
+    def _special_tokens(self) -> list[tuple[str, bool, bool]]:
+        """(text, is control, strips whitespace) of each token llama.cpp's tokenizer looks for
+        in a text before tokenizing the rest (control, user-defined and unknown tokens)."""
+        special = C.LLAMA_TOKEN_ATTR_CONTROL | C.LLAMA_TOKEN_ATTR_USER_DEFINED | \
+            C.LLAMA_TOKEN_ATTR_UNKNOWN
+        strips = C.LLAMA_TOKEN_ATTR_LSTRIP | C.LLAMA_TOKEN_ATTR_RSTRIP
+        out = []
+        for t in range(self.n_vocab):
+            attr = C.llama_vocab_get_attr(self.vocab, t)
+            if attr & special:
+                text = (C.llama_vocab_get_text(self.vocab, t) or b"").decode("utf-8", "replace")
+                out.append((text, bool(attr & C.LLAMA_TOKEN_ATTR_CONTROL), bool(attr & strips)))
+        return out
+
+    def _tokenize(self, text: str, add_special: bool, parse_special: bool) -> list[int]:
         data = text.encode("utf-8")
         n_max = len(data) + 8
         buf = (C.llama_token * n_max)()
@@ -390,6 +423,7 @@ class Context:
         self._saved: dict[int, bytes] = {}
         self.tiers: Space | None = None   # the prefix cache's RAM and disk tiers (SnapshotOp)
         self._copying: set[int] = set()   # streams with a copy pending (_settle)
+        self.copied = False   # whether the last decode ran stream copies before its pieces
         self._views: dict[int, np.ndarray] = {}   # logits views by address (see logits)
 
     # ---- batch and decode ---------------------------------------------------------------------
@@ -410,7 +444,9 @@ class Context:
                 self._seq_ptrs[i][0] = seq_id
             n += k
         self.batch.n_tokens = n
-        self._copying.clear()   # llama_decode runs the pending stream copies first
+        # llama_decode runs the pending stream copies first: this call's time is not the pieces'
+        self.copied = bool(self._copying)
+        self._copying.clear()
         if self.config.n_outputs_max and outputs > max(self.config.n_outputs_max,
                                                        self.config.n_seq_max):
             # llama.cpp would abort the process (an assertion in its output buffer)

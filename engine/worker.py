@@ -109,7 +109,7 @@ class Worker:
             config.total_cells // config.block_size, block_size=config.block_size,
             num_seq_ids=config.n_seq_max, prefix_caching=config.prefix_caching,
             prefill_chunk=config.prefill_chunk, share_cells=config.kv_unified,
-            tiers=self.context.tiers)
+            tiers=self.context.tiers, stream_cells=self.context.n_ctx_seq)
         self.scheduler = Scheduler(
             self.manager, make_policy(config.scheduler), max_seqs=config.max_seqs,
             max_batch_tokens=config.max_batch_tokens, preemption=config.preemption,
@@ -330,8 +330,11 @@ class Worker:
             times.micro_batches += self._micro_batches(group)
             times.decode_s += seconds
             self._step_decode_s += seconds
-            expected = self.scheduler.observe_call(group, seconds)
-            if expected and seconds > SLOW_STEP * expected + SLOW_STEP_MARGIN_S:
+            # a call that ran stream copies first (a prompt continuing another sequence's cells,
+            # with split KV) took longer for them: neither a cost to learn nor a neighbour
+            copied = self.context.copied
+            expected = self.scheduler.observe_call(group, seconds, learn=not copied)
+            if expected and not copied and seconds > SLOW_STEP * expected + SLOW_STEP_MARGIN_S:
                 self.lease.slowed(self.context, seconds / expected)   # engine/lease.py
             if status == 1:   # no KV slot after all: preempt one sequence and plan again
                 log.warning("engine %s: llama_decode found no KV slot; preempting", self.name)

@@ -73,12 +73,19 @@ from kvcache.tiers import Space
 # costs milliseconds a token.
 LOAD_MIN_BLOCKS = 4
 LOAD_RATIO = 256
+# With split KV, a prompt that continues a finished sequence's chain but for a tail of it runs on
+# that sequence's seq id and drops the tail, rather than copying the whole stream, when the tail
+# holds fewer tokens than the stream's cells / TAIL_CELLS_PER_TOKEN: a stream copy moves about
+# 5 us a cell (2-core VM, Gemma 3 270M: 0.15 s for 32,768 cells), computing a token again costs
+# 1-3 ms, so a dropped token is worth some 256 copied cells.
+TAIL_CELLS_PER_TOKEN = 256
 
 
 class BlockManager:
     def __init__(self, num_blocks: int, *, block_size: int = 16, num_seq_ids: int = 64,
                  prefix_caching: bool = True, prefill_chunk: int | None = None,
-                 share_cells: bool = True, tiers: Space | None = None):
+                 share_cells: bool = True, tiers: Space | None = None,
+                 stream_cells: int = 0):
         prefill_chunk = prefill_chunk or block_size
         if prefill_chunk % block_size:
             raise ValueError(f"prefill chunk {prefill_chunk} must be a multiple of block size "
@@ -86,6 +93,7 @@ class BlockManager:
         self.block_size, self.prefill_chunk = block_size, prefill_chunk
         self.prefix_caching = prefix_caching
         self.share_cells = share_cells
+        self.stream_cells = stream_cells   # cells of one KV stream (split KV; see _adopt)
         self.tiers = tiers if prefix_caching else None
         self.blocks = [Block(i) for i in range(num_blocks)]
         self.free_list: deque[Block] = deque(self.blocks)          # unreferenced, uncached
@@ -176,16 +184,23 @@ class BlockManager:
     def _adopt(self, tokens: Sequence[int], hashes: list[int], max_reuse: int,
                reserve_tokens: int, extra_blocks: int) -> SeqAlloc | None:
         """With split KV: open on the seq id of a holder whose cached chain the prompt continues
-        whole (the next turn of a conversation), where its cells already are, instead of copying
-        its stream to another seq id (a stream is copied whole: 600 MB for a 32,768-cell Gemma 3
-        270M stream). Only when every block the holder owns is in the hit, so that no cached
-        block's cells are overwritten; a hit ending inside a block takes the copy path."""
+        (the next turn of a conversation), where its cells already are, instead of copying its
+        stream to another seq id (a stream is copied whole: 600 MB for a 32,768-cell Gemma 3
+        270M stream). Every block the holder owns must be in the hit, so that no cached block's
+        cells are overwritten, except a short tail past the hit: the end of the last answer,
+        which the history renders to other tokens (an answer cut at its limit, a stop string),
+        or whose last block is partial. That tail is evicted when dropping it costs less than
+        the copy (`TAIL_CELLS_PER_TOKEN`); otherwise the copy path keeps it."""
         if self.share_cells or not self.prefix_caching:
             return None
         hit = self._match(hashes, tokens, 0, max_reuse)
         holder = hit[-1].owner if hit else None
-        if (holder is None or holder in self.live
-                or sum(1 for b in hit if b.owner == holder) != self.owned.get(holder)):
+        if holder is None or holder in self.live:
+            return None
+        tail = self._tail(hit[-1], holder)
+        if (tail is None or sum(1 for b in hit if b.owner == holder) + len(tail)
+                != self.owned.get(holder)
+                or len(tail) * self.block_size * TAIL_CELLS_PER_TOKEN > self.stream_cells):
             return None
         ids = sorted(self.live | {holder})   # live ids stay consecutive (see _acquire_seq_id)
         if ids[-1] - ids[0] != len(ids) - 1:
@@ -195,6 +210,9 @@ class BlockManager:
                 > self.num_free_blocks - hit_evictable):
             return None
         self.unsaved.pop(holder, None)   # it goes on: saved with what follows when it ends
+        for block in reversed(tail):     # leaves first: each is a leaf once its child is gone
+            self.leaves.discard(block)
+            self._evict(block)
         self.live.add(holder)
         alloc = self.allocs[holder] = SeqAlloc(holder, hashes=list(hashes))
         for block in hit:
@@ -204,6 +222,24 @@ class BlockManager:
         self.query_tokens += len(tokens)
         self.hit_tokens += alloc.num_cached
         return alloc
+
+    def _tail(self, last: Block, holder: int) -> list[Block] | None:
+        """The cached blocks the holder owns past `last`, in chain order, when they are one
+        unreferenced chain that nothing else continues (so each can be evicted now); None
+        otherwise."""
+        tail: list[Block] = []
+        block = last
+        while True:
+            kids = self.children.get(block.key, ())
+            own = [b for b in kids if b.owner == holder]
+            if not own:
+                return None if tail and kids else tail
+            if len(own) != 1 or (tail and len(kids) != 1):
+                return None
+            block = own[0]
+            if block.ref_count:
+                return None
+            tail.append(block)
 
     def _open_from_tier(self, seq_id: int, tokens: Sequence[int], hashes: list[int],
                         max_reuse: int, in_streams: int, reserve_tokens: int,

@@ -259,22 +259,24 @@ class Scheduler:
                 if wanting:
                     self.lending[seq] = set(wanting)
 
-    def observe_call(self, chunks: list[Chunk], seconds: float) -> float | None:
+    def observe_call(self, chunks: list[Chunk], seconds: float,
+                     learn: bool = True) -> float | None:
         """One llama_decode call of these chunks took `seconds`: what it cost, for sizing prompt
         chunks by time and for the speculation policy (StepCosts). A call of 1-token pieces is
         the decoding streams' part of a step (verification pieces count as decoding tokens);
         the prompt tokens of a call with longer pieces cost what is left of it. Returns what
-        the call was expected to take by the calls before it (None: not known yet)."""
+        the call was expected to take by the calls before it (None: not known yet). Not `learn`:
+        the call also did other work (stream copies), so its time teaches nothing."""
         costs = self.costs
         pieces = [(c.end - c.start, c.start) for c in chunks
                   if c.end - c.start > 1 and not c.drafted]
         prompt = sum(n for n, _ in pieces)
         decode = sum(c.end - c.start for c in chunks) - prompt
         expected = costs.expected(decode, prompt, pieces)
-        if not prompt:
+        if learn and not prompt:
             lengths = {c.end - c.start for c in chunks}
             costs.observe_decode(seconds, decode, len(chunks) if len(lengths) == 1 else None)
-        else:
+        elif learn:
             costs.observe_prompt(prompt, seconds - ((costs.decode_time(decode) or 0.0)
                                                     if decode else 0.0), pieces)
         self.watch.call(seconds)

@@ -15,8 +15,11 @@ the engine accepts (engine/grammar.py).
 """
 from __future__ import annotations
 
+import copy
 import json
 import re
+import threading
+from collections import OrderedDict
 from typing import Any
 
 import jsonschema
@@ -110,9 +113,37 @@ _SUBSCHEMAS = frozenset({"items", "additionalProperties", "additionalItems", "no
                          "unevaluatedItems"})
 
 
+# Compiled schemas by (canonical JSON, strict): an agent sends the same tools on every request
+# (Codex's 12 cost ~0.1 s to check and compile each time). Only successes are kept (an error
+# names the request's own parameter); a kept result is copied out, never shared.
+_MEMO: OrderedDict[tuple[str, bool], tuple[dict | None, str]] = OrderedDict()
+_MEMO_SIZE = 512
+_MEMO_LOCK = threading.Lock()   # requests are checked on the loop and on prompt threads
+
+
 def _compiled(schema: Any, param: str, strict: bool) -> tuple[dict, str]:
     if not isinstance(schema, dict):
         raise bad(param, f"{param} must be a JSON object (a JSON schema)")
+    try:
+        key = (json.dumps(schema, sort_keys=True), strict)
+    except (TypeError, ValueError):   # not JSON text (a body is): checked the long way
+        return _compile(schema, param, strict)
+    with _MEMO_LOCK:
+        hit = _MEMO.get(key)
+        if hit is not None:
+            _MEMO.move_to_end(key)
+    if hit is not None:
+        lenient, grammar = hit
+        return (schema if lenient is None else copy.deepcopy(lenient)), grammar
+    current, grammar = _compile(schema, param, strict)
+    with _MEMO_LOCK:
+        _MEMO[key] = (None if current is schema else copy.deepcopy(current), grammar)
+        if len(_MEMO) > _MEMO_SIZE:
+            _MEMO.popitem(last=False)
+    return current, grammar
+
+
+def _compile(schema: dict, param: str, strict: bool) -> tuple[dict, str]:
     try:
         jsonschema.validators.validator_for(schema).check_schema(schema)
     except jsonschema.SchemaError as exc:

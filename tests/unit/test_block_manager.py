@@ -4,15 +4,18 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from kvcache import BlockManager, CopyOp, RemoveOp
+from kvcache.manager import TAIL_CELLS_PER_TOKEN
 from tests.fakes import FakeKV
 
 BS = 4
 
 
-def make(num_blocks=16, seq_ids=8, caching=True, prefill_chunk=BS, share_cells=True):
+def make(num_blocks=16, seq_ids=8, caching=True, prefill_chunk=BS, share_cells=True,
+         stream_cells=0):
     streams = 1 if share_cells else seq_ids     # split KV: cells of their own for each seq id
     return (BlockManager(num_blocks, block_size=BS, num_seq_ids=seq_ids, prefix_caching=caching,
-                         prefill_chunk=prefill_chunk, share_cells=share_cells),
+                         prefill_chunk=prefill_chunk, share_cells=share_cells,
+                         stream_cells=stream_cells),
             FakeKV(num_blocks * BS * streams))
 
 
@@ -234,10 +237,12 @@ class ManagerMachine(RuleBasedStateMachine):
     """Random interleavings of open / compute / fork (shared prefix) / swap out and back in /
     grow into every free block / finish / evict."""
     share_cells = True
+    stream_cells = 0
 
     def __init__(self):
         super().__init__()
-        self.manager, self.kv = make(num_blocks=24, seq_ids=6, share_cells=self.share_cells)
+        self.manager, self.kv = make(num_blocks=24, seq_ids=6, share_cells=self.share_cells,
+                                     stream_cells=self.stream_cells)
         self.live = []   # (alloc, tokens, computed)
 
     @rule(prefix=st.integers(0, 3), length=st.integers(1, 14), salt=st.integers(0, 2))
@@ -378,8 +383,10 @@ class ManagerMachine(RuleBasedStateMachine):
 
 
 class SplitKVManagerMachine(ManagerMachine):
-    """The same with split KV: no twin sharing, finished sequences move to high seq ids."""
+    """The same with split KV: no twin sharing, finished sequences move to high seq ids, and a
+    prompt continuing a holder's chain but for a tail of up to 3 blocks runs on its seq id."""
     share_cells = False
+    stream_cells = 3 * BS * TAIL_CELLS_PER_TOKEN
 
 
 TestManagerMachine = ManagerMachine.TestCase
@@ -434,6 +441,58 @@ def test_split_kv_a_prompt_that_continues_a_holder_whole_runs_on_its_seq_id():
     assert not any(isinstance(op, CopyOp) for op in manager.take_ops())
     compute(manager, kv, b, longer, 8, 16)
     assert kv.read(3) == [tuple(longer[:p + 1]) for p in range(16)]
+    manager.check_invariants()
+
+
+def test_split_kv_a_prompt_that_leaves_a_short_tail_of_a_holder_runs_on_its_seq_id():
+    """The next turn renders the last answer's end to other tokens: the holder's chain but its
+    last blocks. Where dropping them costs less than copying a stream, they are evicted and the
+    prompt runs on the holder's seq id; otherwise the stream is copied and they stay cached."""
+    tokens = list(range(14))                    # 3 full blocks (cached) and a partial one
+    nxt = tokens[:8] + [60, 61, 62, 63, 64]     # continues 2 blocks, then differs: a tail of 1
+    for stream_cells, adopted in ((BS * TAIL_CELLS_PER_TOKEN, True),
+                                  (BS * TAIL_CELLS_PER_TOKEN - 1, False)):
+        manager, kv = make(seq_ids=4, share_cells=False, stream_cells=stream_cells)
+        a = manager.open(tokens, 13, 15)
+        compute(manager, kv, a, tokens, 0, 14)
+        manager.free(a)
+        kv.apply(manager.take_ops())
+        holder = next(iter(manager.owned))
+        b = manager.open(nxt, 12, 14)
+        ops = manager.take_ops()
+        kv.apply(ops)
+        assert b.num_cached == 8
+        assert (b.seq_id == holder) is adopted
+        assert any(isinstance(op, CopyOp) for op in ops) is not adopted
+        assert manager.lookup(tokens) == (8 if adopted else 12)   # the tail: dropped or kept
+        compute(manager, kv, b, nxt, 8, 13)
+        assert kv.read(b.seq_id) == [tuple(nxt[:p + 1]) for p in range(13)]
+        manager.check_invariants()
+
+
+def test_split_kv_a_tail_another_chain_continues_is_not_dropped():
+    """A holder's tail block that another holder's chain goes on from stays: the prompt that
+    leaves it takes the copy path."""
+    manager, kv = make(num_blocks=32, seq_ids=4, share_cells=False,
+                       stream_cells=8 * BS * TAIL_CELLS_PER_TOKEN)
+    tokens = list(range(12))
+    a = manager.open(tokens, 11, 13)
+    compute(manager, kv, a, tokens, 0, 12)
+    manager.free(a)
+    kv.apply(manager.take_ops())
+    longer = tokens + [70, 71, 72, 73, 74]      # continues the whole chain, from another id
+    other = manager.open(list(range(500, 505)), 4, 6)
+    b = manager.open(longer, 16, 18)
+    compute(manager, kv, b, longer, b.num_cached, 17)
+    manager.free(b)
+    manager.free(other)
+    kv.apply(manager.take_ops())
+    nxt = tokens[:8] + [90, 91, 92]
+    c = manager.open(nxt, 10, 12)
+    kv.apply(manager.take_ops())
+    assert c.num_cached == 8 and manager.lookup(longer) == 16
+    compute(manager, kv, c, nxt, 8, 11)
+    assert kv.read(c.seq_id) == [tuple(nxt[:p + 1]) for p in range(11)]
     manager.check_invariants()
 
 

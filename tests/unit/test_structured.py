@@ -181,6 +181,32 @@ def test_an_enforceable_schema_is_kept_as_it_is_when_not_strict():
     assert enforceable_schema(schema, "p", strict=False) is schema
 
 
+def test_a_schema_sent_again_is_compiled_once_and_gives_the_same_answer(monkeypatch):
+    import server.openai.structured as structured
+    compiled = []
+    real = structured._compile
+    monkeypatch.setattr(structured, "_compile", lambda *a: compiled.append(a) or real(*a))
+    schema = {"type": "object", "properties": {"env": {"type": "object",
+              "propertyNames": {"pattern": "^[A-Z]+$"}}, "n": {"type": "integer"}}}
+    first = enforceable_schema(schema, "tools[0].parameters", strict=False)
+    again = json.loads(json.dumps(schema))           # an equal schema, another object
+    second = enforceable_schema(again, "tools[3].parameters", strict=False)
+    assert len(compiled) == 1 and first == second and first is not second
+    second["properties"]["n"]["type"] = "string"     # a caller's copy is its own
+    assert enforceable_schema(schema, "p", strict=False) == first
+    assert compile_schema(again, "p", strict=False) == compile_schema(schema, "q", strict=False)
+    plain = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    enforceable_schema(plain, "p", strict=False)
+    other = dict(plain)
+    assert enforceable_schema(other, "p", strict=False) is other   # whole: the caller's own
+    with pytest.raises(APIError) as exc:             # strict is another key; errors name
+        compile_schema(again, "tools[7].parameters")  # the parameter of the request at hand
+    assert exc.value.param == "tools[7].parameters"
+    with pytest.raises(APIError) as exc:
+        compile_schema(again, "tools[8].parameters")
+    assert exc.value.param == "tools[8].parameters"
+
+
 def test_an_invalid_or_unsatisfiable_schema_is_a_400_even_when_not_strict():
     for schema in ({"type": "object", "properties": {"a": {"type": 3}}},
                    {"allOf": [{"type": "string"}, {"type": "integer"}]}):
