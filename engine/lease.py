@@ -100,6 +100,11 @@ class ThreadLease:
         if self.budget is not None:
             self.budget.idle(self.name)
 
+    def idle_sample(self) -> None:
+        """While idle: a CPU sample for the governor (ThreadGovernor.idle_sample)."""
+        if self.governor is not None and self.meter is not None:
+            self.governor.idle_sample(self.meter.sample(time.monotonic()))
+
     def idle(self) -> None:
         """The worker ends: it no longer keeps the other contexts on their own share."""
         if self.budget is not None:

@@ -136,8 +136,10 @@ class Speculation:
         drafter, scheduler, config = self.drafter, self.scheduler, self.config
         if drafter is None:
             return
+        paused = scheduler.background_waits()   # paused lines decode nothing this step
         decoding = [s for s in scheduler.running
-                    if s.is_decoding and s.status is Status.RUNNING and not s.forks]
+                    if s.is_decoding and s.status is Status.RUNNING and not s.forks
+                    and not (paused and s.background)]
         costs = scheduler.costs
         model = costs.call_model() if decoding else None
         if not decoding or (config.spec_policy != "always" and (

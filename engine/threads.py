@@ -66,6 +66,7 @@ class ThreadGovernor:
         self._down_votes = 0
         self._acc_time = 0.0                # busy time of the window so far (across pauses)
         self._acc_others = 0                # others' ticks in that time
+        self._idle: list[CpuSample] = []    # samples of the current idle time (idle_sample)
 
     def target(self, others: float) -> int:
         left = max(0.0, self.cores - others)
@@ -80,7 +81,7 @@ class ThreadGovernor:
         count should change now."""
         if self._last is None:   # the start of a window, or the end of a pause
             self._last = sample
-            return None
+            return self._resume(sample)
         self._add(sample)
         if self._acc_time < self.window:
             return None
@@ -107,6 +108,36 @@ class ThreadGovernor:
         if self._last is not None:
             self._add(sample)
             self._last = None
+
+    def idle_sample(self, sample: CpuSample) -> None:
+        """A sample taken while the context is idle (twice a second): what the machine did just
+        before the next request is what decides, at that request, whether threads given up
+        earlier come back (`_resume`)."""
+        self._idle = [s for s in self._idle if sample.time - s.time < 2 * self.window]
+        self._idle.append(sample)
+
+    def _resume(self, sample: CpuSample) -> ThreadChange | None:
+        """The context computes again after an idle time. Threads given up before it come back
+        at once when the other processes left room for them in the last window of it: a drop
+        must not outlive the neighbour that caused it through an idle time, into the first
+        steps of the next request (a long prompt's first piece took 1.0 s instead of 0.5 on
+        one thread, the neighbour gone for seconds). Never fewer threads from idle time: what
+        others do between our requests (a benchmark client, say) is no contention."""
+        idle, self._idle = self._idle, []
+        start = next((s for s in reversed(idle) if sample.time - s.time >= self.window), None)
+        if start is None or self.threads >= self.configured:
+            return None
+        seconds = sample.time - start.time
+        others = max(0.0, ((sample.busy - start.busy) - (sample.own - start.own))
+                     / (seconds * self.hz))
+        target = self.target(others)
+        if target <= self.threads:
+            return None
+        previous, self.threads = self.threads, target
+        self._up_votes = self._down_votes = 0
+        return ThreadChange(target, previous, others,
+                            f"other processes used {others:.2f} of {self.cores} cores in the "
+                            f"last {seconds:.1f} s before this request")
 
     def _add(self, sample: CpuSample) -> None:
         last = self._last

@@ -81,6 +81,7 @@ SLOW_STEP_MARGIN_S = 0.05
 # Finished sequences' prefixes are saved to the cache tiers once the context has had nothing to
 # do for this long (a copy takes up to a second, and a request arriving meanwhile waits for it).
 SAVE_AFTER_IDLE_S = 1.0
+IDLE_SAMPLE_S = 0.5   # while idle, a CPU sample this often for the thread governor
 
 
 class Worker:
@@ -243,7 +244,8 @@ class Worker:
         self.lease.pause()
         self._publish()
         self.sleeping = True   # every op applied, every prefix saved: nothing left to do
-        self.wakeup.wait()
+        while not self.wakeup.wait(IDLE_SAMPLE_S):   # what the machine does meanwhile decides
+            self.lease.idle_sample()                 # whether dropped threads come back
         self.sleeping = False
         self.wakeup.clear()
 

@@ -21,9 +21,12 @@ over all sizes said 1.4): each call size keeps how far its calls lately were fro
 """
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+
+log = logging.getLogger("pagedllama.scheduler")
 
 # weight of the newest call in a size's measured correction, and the range it is held to (one
 # call that a neighbour slowed must not turn a size's cost upside down)
@@ -323,11 +326,16 @@ class StepWatch:
         """A new step is planned: the one before it is counted, if it was watched."""
         now = time.perf_counter() if now is None else now
         if self.watched:
+            wall = now - self.planned_at
             self.steps += 1
             self.max_s = max(self.max_s, self.seconds)
-            self.max_wall_s = max(self.max_wall_s, now - self.planned_at)
+            self.max_wall_s = max(self.max_wall_s, wall)
             self.over += self.seconds > self.target_s
             self.over_half += self.seconds > 1.5 * self.target_s
+            if max(self.seconds, wall) > 1.5 * self.target_s:
+                log.info("a step beside decoding streams took %.3f s in llama_decode, %.3f s "
+                         "from its plan to the next (target %.3f s)", self.seconds, wall,
+                         self.target_s)
         self.watched, self.seconds, self.planned_at = watched, 0.0, now
 
     def call(self, seconds: float) -> None:

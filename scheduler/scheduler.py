@@ -206,11 +206,16 @@ class Scheduler:
         return started
 
     # ---- planning -------------------------------------------------------------------------------
+    def background_waits(self) -> bool:
+        """Whether background sequences are paused in the next step: a request of a client runs
+        or waits (module doc)."""
+        return any(not s.background for s in (*self.running, *self.waiting))
+
     def schedule(self, now: float | None = None) -> StepPlan:
         self._expire(time.monotonic() if now is None else now)
         plan = StepPlan()
         self.running.sort(key=self.order)
-        self.paused = any(not s.background for s in (*self.running, *self.waiting))
+        self.paused = self.background_waits()
         for seq in [s for s in self.running if s.is_decoding]:
             if seq.status is Status.RUNNING and not (self.paused and seq.background):
                 self._plan(seq, 1, plan)

@@ -158,3 +158,45 @@ def test_a_step_far_slower_than_usual_gives_up_a_thread_at_once_and_the_windows_
     assert "40x" in change.reason
     assert gov.slowed(40.0) is None     # one thread: nothing left to give up
     assert feed(gov, [0.0, 0.0, 0.0]) == [1, 2, 2]   # the cores are free again: back up
+
+
+def idle_then_resume(gov, others_idle: float, seconds: float = 3.0):
+    """Pause at t=10, idle samples every 0.5 s with other processes on `others_idle` cores,
+    then a resume sample; returns the change observe gives at the resume."""
+    t, busy, own = 10.0, 5000, 4000
+    gov.pause(CpuSample(t, busy, own))
+    while t < 10.0 + seconds:
+        t += 0.5
+        busy += round(others_idle * 0.5 * HZ)
+        gov.idle_sample(CpuSample(t, busy, own))
+    return gov.observe(CpuSample(t + 0.1, busy + round(others_idle * 0.1 * HZ), own))
+
+
+def test_threads_given_up_come_back_at_a_request_after_a_quiet_idle_time():
+    gov = ThreadGovernor(configured=2, cores=2)
+    gov.observe(CpuSample(0.0, 0, 0))
+    gov.slowed(6.0)                      # a neighbour came as the last request ended
+    assert gov.threads == 1
+    change = idle_then_resume(gov, others_idle=0.05)   # it left while we were idle
+    assert change is not None and (change.previous, change.threads) == (1, 2)
+    assert "before this request" in change.reason
+
+
+def test_a_neighbour_busy_until_the_request_keeps_the_threads_given_up():
+    gov = ThreadGovernor(configured=2, cores=2)
+    gov.observe(CpuSample(0.0, 0, 0))
+    gov.slowed(6.0)
+    assert idle_then_resume(gov, others_idle=1.0) is None and gov.threads == 1
+
+
+def test_idle_time_never_takes_threads_away():
+    gov = ThreadGovernor(configured=2, cores=2)
+    gov.observe(CpuSample(0.0, 0, 0))
+    assert idle_then_resume(gov, others_idle=2.0) is None and gov.threads == 2
+
+
+def test_an_idle_time_shorter_than_a_window_decides_nothing():
+    gov = ThreadGovernor(configured=2, cores=2)
+    gov.observe(CpuSample(0.0, 0, 0))
+    gov.slowed(6.0)
+    assert idle_then_resume(gov, others_idle=0.0, seconds=0.3) is None and gov.threads == 1
