@@ -24,7 +24,7 @@ from __future__ import annotations
 import re
 import threading
 from array import array
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable
 
 MIN_CHARS = 2048        # a text shorter than this is tokenized whole, as it is
@@ -37,14 +37,15 @@ def split_tokens(specials: Iterable[tuple[str, bool, bool]]) -> frozenset[str]:
     """Of the vocabulary's special tokens, as (text, is control, strips whitespace), those a
     segment may start with (module doc)."""
     specials = list(specials)
-    texts = [t for t, _, _ in specials]
-    joined = "\x00".join(texts)
-    # the longest special token that could overlap an occurrence of a `<name>` token
+    texts = Counter(t for t, _, _ in specials)
+    # the longest special token that could overlap an occurrence of a `<name>` token; a token
+    # that contains a `<name>` is one of them (its `<` is not first or its `>` not last), so
+    # only tokens shorter than it, and not contained in it, remain
     risky = max((len(t) for t in texts if "<" in t[1:] or ">" in t[:-1]), default=0)
     return frozenset(
         text for text, control, strips in specials
         if control and not strips and len(text) > risky and _NAME.fullmatch(text)
-        and joined.count(text) == 1)
+        and texts[text] == 1)
 
 
 class SegmentTokenizer:
