@@ -29,6 +29,15 @@ def compute(manager, kv, alloc, tokens, start, end):
     kv.apply(manager.take_ops())
 
 
+def finished(manager, kv, tokens):
+    """A sequence of `tokens`, computed and ended (its cached blocks held), its ops applied."""
+    alloc = manager.open(tokens, len(tokens) - 1, len(tokens) + 1)
+    compute(manager, kv, alloc, tokens, 0, len(tokens))
+    manager.free(alloc)
+    kv.apply(manager.take_ops())
+    return alloc
+
+
 def test_fresh_sequence_gets_no_cached_tokens():
     manager, kv = make()
     alloc = manager.open(list(range(10)), 9, 11)
@@ -104,10 +113,7 @@ def test_a_block_differing_in_one_token_is_a_partial_hit():
 def test_finished_sequence_stays_cached_as_holder():
     manager, kv = make()
     tokens = list(range(10))
-    a = manager.open(tokens, 9, 11)
-    compute(manager, kv, a, tokens, 0, 10)
-    manager.free(a)
-    kv.apply(manager.take_ops())
+    finished(manager, kv, tokens)
     assert manager.num_cached_blocks == 2 and manager.num_used_blocks == 0
     assert kv.used_cells == 8   # the partial tail block was removed, the full ones kept
     b = manager.open(tokens, 9, 11)
@@ -118,10 +124,7 @@ def test_finished_sequence_stays_cached_as_holder():
 def test_eviction_takes_tail_blocks_first_and_releases_the_holder():
     manager, kv = make(num_blocks=4, seq_ids=2)
     tokens = list(range(12))
-    a = manager.open(tokens, 11, 13)
-    compute(manager, kv, a, tokens, 0, 12)
-    manager.free(a)
-    kv.apply(manager.take_ops())
+    a = finished(manager, kv, tokens)
     other = list(range(100, 108))
     b = manager.open(other, 7, 9)
     compute(manager, kv, b, other, 0, 8)     # needs 2 blocks: 1 free + 1 evicted (the tail)
@@ -176,10 +179,7 @@ def test_a_chain_released_together_is_evicted_tail_to_head_before_newer_leaves()
 def test_caching_off_frees_everything():
     manager, kv = make(caching=False)
     tokens = list(range(10))
-    a = manager.open(tokens, 9, 11)
-    compute(manager, kv, a, tokens, 0, 10)
-    manager.free(a)
-    kv.apply(manager.take_ops())
+    finished(manager, kv, tokens)
     assert manager.num_free_blocks == manager.num_blocks and kv.used_cells == 0
     assert manager.open(tokens, 9, 11).num_cached == 0
 
@@ -431,10 +431,7 @@ def test_split_kv_a_prompt_that_continues_a_holder_whole_runs_on_its_seq_id():
     """Nothing else live: the next turn of a conversation runs where its cells are, no copy."""
     manager, kv = make(seq_ids=4, share_cells=False)
     tokens = list(range(10))
-    a = manager.open(tokens, 9, 11)
-    compute(manager, kv, a, tokens, 0, 10)
-    manager.free(a)
-    kv.apply(manager.take_ops())
+    finished(manager, kv, tokens)
     longer = tokens + [50, 51, 52, 53, 54, 55]
     b = manager.open(longer, 14, 17)
     assert b.seq_id == 3 and b.num_cached == 8
@@ -453,10 +450,7 @@ def test_split_kv_a_prompt_that_leaves_a_short_tail_of_a_holder_runs_on_its_seq_
     for stream_cells, adopted in ((BS * TAIL_CELLS_PER_TOKEN, True),
                                   (BS * TAIL_CELLS_PER_TOKEN - 1, False)):
         manager, kv = make(seq_ids=4, share_cells=False, stream_cells=stream_cells)
-        a = manager.open(tokens, 13, 15)
-        compute(manager, kv, a, tokens, 0, 14)
-        manager.free(a)
-        kv.apply(manager.take_ops())
+        finished(manager, kv, tokens)
         holder = next(iter(manager.owned))
         b = manager.open(nxt, 12, 14)
         ops = manager.take_ops()
@@ -476,10 +470,7 @@ def test_split_kv_a_tail_another_chain_continues_is_not_dropped():
     manager, kv = make(num_blocks=32, seq_ids=4, share_cells=False,
                        stream_cells=8 * BS * TAIL_CELLS_PER_TOKEN)
     tokens = list(range(12))
-    a = manager.open(tokens, 11, 13)
-    compute(manager, kv, a, tokens, 0, 12)
-    manager.free(a)
-    kv.apply(manager.take_ops())
+    finished(manager, kv, tokens)
     longer = tokens + [70, 71, 72, 73, 74]      # continues the whole chain, from another id
     other = manager.open(list(range(500, 505)), 4, 6)
     b = manager.open(longer, 16, 18)
