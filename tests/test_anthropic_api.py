@@ -123,7 +123,8 @@ def test_a_stream_delivers_text_deltas_that_make_the_final_message(claude):
     with claude.messages.stream(model=M, max_tokens=12, messages=COUNT, **GREEDY) as stream:
         deltas = list(stream.text_stream)
         final = stream.get_final_message()
-    assert len(deltas) > 3 and "".join(deltas) == final.content[0].text
+    # several deltas, not one per token: speculation may accept a few tokens in one step
+    assert len(deltas) > 1 and "".join(deltas) == final.content[0].text
     assert final.stop_reason == "max_tokens" and final.usage.output_tokens == 12
 
 
@@ -172,7 +173,8 @@ def test_text_streams_before_a_call_is_told_apart(server_url):
                                      "tools": [WEATHER], "messages": COUNT})
     deltas = [d["delta"]["text"] for n, d in events
               if n == "content_block_delta" and d["delta"]["type"] == "text_delta"]
-    assert len(deltas) > 3
+    # held back, the whole text would come as one delta at the end
+    assert len(deltas) > 1 and len(deltas[0]) < len("".join(deltas)) / 2
 
 
 # ---- tools --------------------------------------------------------------------------------------

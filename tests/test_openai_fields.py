@@ -182,7 +182,8 @@ def test_with_tools_offered_a_streamed_answer_sends_its_text_as_it_is_generated(
         messages=[{"role": "user", "content": "Count from 1 to 10, separated by commas."}])
     deltas = [c.choices[0].delta.content for c in stream if c.choices and
               c.choices[0].delta.content]
-    assert len(deltas) > 3      # held back, the whole text would come as one delta at the end
+    # held back, the whole text would come as one delta at the end
+    assert len(deltas) > 1 and len(deltas[0]) < len("".join(deltas)) / 2
 
 
 def test_a_history_with_calls_and_tool_results_is_accepted(client, model_name):
