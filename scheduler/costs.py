@@ -7,8 +7,13 @@ prompt arriving beside running streams finishes in a few long steps instead of a
 ones, and the streams' gaps stay near the target (docs/scheduling.md, "Chunked prefill").
 
 Costs move with the context (a prompt token late in a long prompt attends to more of it) and
-with the machine (other processes, thread changes), so they are exponentially weighted averages
-of the last few steps, not constants.
+with the machine (other processes), so they are exponentially weighted averages of the last few
+steps, not constants. A change of the context's thread count (the contention governor gives
+threads up and takes them back: engine/threads.py) changes every cost at once, faster than any
+average follows: costs are kept as at the context's full thread count and scaled by how many
+threads compute now (`StepCosts.slowdown`, configured / current: a prompt's arithmetic divides
+between the threads). Without it, the first steps after a drop ran on half the threads with
+pieces sized for all of them and took twice the step target.
 
 Speculative decoding (scheduler/speculation.py) needs what a call of decoding tokens costs by
 its size: a call of n decode or verification tokens takes about a + b·n seconds (a: streaming
@@ -174,14 +179,18 @@ class StepCosts:
     rates: dict[tuple[int, bool], float] = field(default_factory=dict)
     _closed: dict[int, int] = field(default_factory=dict)   # steps the gate said no, by size
     prompts: PromptModel = field(default_factory=PromptModel)   # prompt pieces by length, depth
+    # the context's configured threads over those it computes with now (module doc): what is
+    # observed is divided by it, what is predicted multiplied
+    slowdown: float = 1.0
 
     def observe_decode(self, seconds: float, tokens: int | None = None,
                        pieces: int | None = None) -> None:
         """A call of decoding tokens only (`tokens` of them, when known, in `pieces` pieces of
         one length, when known)."""
+        seconds /= self.slowdown
         self.decode_s = self._mix(self.decode_s, seconds)
         if tokens:
-            model = self.call_model()
+            model = self.calls.fit(self.prompt_token_s)   # as at the full thread count
             if model is not None and model[0] + model[1] * tokens > 0:
                 lo, hi = SIZE_RANGE
                 ratio = min(hi, max(lo, seconds / (model[0] + model[1] * tokens)))
@@ -226,8 +235,10 @@ class StepCosts:
         self.overhead_s = self._mix(self.overhead_s, max(0.0, seconds))
 
     def call_model(self) -> tuple[float, float] | None:
-        """(a, b) of a call of decoding tokens (CallModel), b's prior a prompt token's cost."""
-        return self.calls.fit(self.prompt_token_s)
+        """(a, b) of a call of decoding tokens (CallModel), b's prior a prompt token's cost, at
+        the threads computing now."""
+        model = self.calls.fit(self.prompt_token_s)
+        return None if model is None else (model[0] * self.slowdown, model[1] * self.slowdown)
 
     def call_cost(self) -> Callable[[int, int], float] | None:
         """What a call of `pieces` pieces of `length` decoding tokens takes: the call model's
@@ -252,14 +263,15 @@ class StepCosts:
         seen calls of several sizes, else what decode calls took lately."""
         model = self.calls.fit(None)
         if model is not None:
-            return model[0] + model[1] * tokens
-        return self.decode_s
+            return (model[0] + model[1] * tokens) * self.slowdown
+        return None if self.decode_s is None else self.decode_s * self.slowdown
 
     def observe_prompt(self, tokens: int, seconds: float,
                        pieces: list[tuple[int, int]] | None = None) -> None:
         """Prompt tokens took `seconds`; `pieces`, their (tokens, depth) where known, teach the
         cost model how a token's cost grows with the cells before it (PromptModel)."""
         if tokens > 0:
+            seconds /= self.slowdown
             self.prompt_token_s = self._mix(self.prompt_token_s, seconds / tokens)
             if pieces and seconds > 0:
                 self.prompts.observe(tokens, attention_work(pieces), seconds)
@@ -269,8 +281,8 @@ class StepCosts:
         if pieces:
             by_depth = self.prompts.seconds(pieces)
             if by_depth is not None:
-                return by_depth
-        return None if self.prompt_token_s is None else self.prompt_token_s * tokens
+                return by_depth * self.slowdown
+        return None if self.prompt_token_s is None else self.prompt_token_s * tokens * self.slowdown
 
     def expected(self, decode: int, prompt_tokens: int,
                  pieces: list[tuple[int, int]] | None = None) -> float | None:
@@ -297,8 +309,9 @@ class StepCosts:
         sequences decode); None until a prompt token's cost is known."""
         if self.prompt_token_s is None or self.prompt_token_s <= 0:
             return None
-        left = target_s - (((self.decode_s or 0.0) + (self.overhead_s or 0.0)) if decoding
-                           else 0.0)
+        left = target_s - (((self.decode_s or 0.0) * self.slowdown + (self.overhead_s or 0.0))
+                           if decoding else 0.0)
+        left /= self.slowdown     # as at the full thread count, which the models keep
         by_depth = self.prompts.tokens_within(left, depth)
         return max(0, int(left / self.prompt_token_s) if by_depth is None else by_depth)
 

@@ -132,3 +132,35 @@ def test_the_first_long_prompt_gets_steps_near_the_target_at_every_depth():
         depth += n
         n = max(16, costs.prompt_tokens_within(target, decoding=True, depth=depth))
     assert worst <= 1.5 * target
+
+
+def test_costs_learnt_on_all_threads_halve_the_prompt_piece_on_half_of_them():
+    """The governor gave up a thread: the next piece is sized for one thread, not two (a step
+    on half the threads with a piece sized for all of them took twice the target)."""
+    costs = StepCosts()
+    costs.observe_decode(0.1)
+    costs.observe_prompt(100, 0.4)                  # 4 ms a prompt token on all threads
+    assert costs.prompt_tokens_within(0.5, decoding=True) == 100
+    costs.slowdown = 2.0                            # one thread of two
+    assert costs.prompt_tokens_within(0.5, decoding=True) == 37    # (0.5 - 0.2) / 8 ms
+    assert costs.expected(1, 37) == pytest.approx(0.2 + 37 * 0.008)
+    costs.observe_prompt(37, 37 * 0.008)            # as predicted: nothing changes
+    assert costs.prompt_token_s == pytest.approx(0.004)
+    costs.slowdown = 1.0                            # the thread is back
+    assert costs.prompt_tokens_within(0.5, decoding=True) == 100
+
+
+def test_call_costs_scale_with_the_threads_computing_now():
+    costs = StepCosts()
+    costs.observe_prompt(100, 0.2)
+    for n in (1, 2, 4, 1, 2, 4):
+        costs.observe_decode(0.02 + 0.002 * n, n)
+    a, b = costs.call_model()
+    cost = costs.call_cost()
+    costs.slowdown = 2.0
+    assert costs.call_model() == pytest.approx((2 * a, 2 * b))
+    assert costs.call_cost()(4, 1) == pytest.approx(2 * cost(4, 1))
+    assert costs.decode_time(4) == pytest.approx(2 * (0.02 + 0.002 * 4), rel=0.05)
+    costs.observe_decode(2 * (0.02 + 0.002 * 4), 4)   # what it took on half the threads
+    costs.slowdown = 1.0
+    assert costs.call_model() == pytest.approx((a, b), rel=0.05)
