@@ -117,7 +117,7 @@ def line_starts(log: str, batch_id: str) -> dict[int, float]:
 def test_no_batch_line_starts_while_an_interactive_request_runs(server):
     client = client_of(server.base)
     lines = [chat_line(f"r{i}", f"Tell me about the number {i}.", max_tokens=16, ignore_eos=True)
-             for i in range(12)]
+             for i in range(24)]    # three times the lines in flight at once
     f = client.files.create(file=("in.jsonl", jsonl(lines)), purpose="batch")
     batch = client.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions",
                                   completion_window="24h")
@@ -129,9 +129,9 @@ def test_no_batch_line_starts_while_an_interactive_request_runs(server):
     t1 = time.time()
     assert chat.usage.completion_tokens == 64
     done = wait_for(client, batch.id)
-    assert done.request_counts.completed == 12
+    assert done.request_counts.completed == 24
     starts = line_starts(server.log(), batch.id)
-    assert len(starts) == 12
+    assert len(starts) == 24
     during = [n for n, t in starts.items() if t0 + 0.5 < t < t1]   # a tick, a tokenization
     assert during == [], (t0, t1, sorted(starts.items(), key=lambda x: x[1]))
     assert any(t >= t1 for t in starts.values())   # the batch went on once the chat had ended

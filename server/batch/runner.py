@@ -10,8 +10,9 @@ itself keeps batch work out of the way: a new line starts on a model only while
 - no client's request holds any model (`Entry.users`, the leases of requests in flight, less
   the runner's own: the models of one process share its cores), and none has for `QUIET_S`
   (an agent's next turn comes within that);
-- none of its contexts has a request waiting (the runner's own included: lines start one at a
-  time as each is admitted);
+- none of its contexts has a request waiting (the runner's own included: the lines started
+  at once, up to the concurrency, are admitted before more start; a model not loaded yet gets
+  one line, which loads it);
 - fewer than PAGEDLLAMA_BATCH_CONCURRENCY lines are in flight (all batches together);
 and never while the server drains.
 
@@ -403,18 +404,16 @@ class BatchRunner:
                 return
             if b.status != "in_progress" or b.ending or b.busy is not None:
                 continue
-            if not b.queue:
-                if not b.exhausted:   # fetch the next pending lines (the loop comes back)
-                    self._spawn(b, self._fetch(b))
-                continue
-            line = b.queue[0]
-            if line.model in blocked or not self._room(line.model):
-                blocked.add(line.model)
-                continue
-            b.queue.popleft()
-            self._start(b, line)
-            running += 1
-            blocked.add(line.model)   # one line a tick per model: the next waits for admission
+            while b.queue and running < self.settings.concurrency:
+                line = b.queue[0]
+                if line.model in blocked or not self._room(line.model):
+                    blocked.add(line.model)
+                    break
+                b.queue.popleft()
+                self._start(b, line)
+                running += 1
+            if not b.queue and not b.exhausted:   # the next pending lines (the loop comes back)
+                self._spawn(b, self._fetch(b))
 
     async def _fetch(self, b: Active) -> None:
         try:
