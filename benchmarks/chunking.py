@@ -55,13 +55,17 @@ def settings(args) -> dict[str, dict[str, str]]:
     return out
 
 
+# --quick: the streams settle after 2 tokens and run 0.3 s before the long prompt, 0.2 s after
+QUICK_INTERFERENCE = ("--settle-tokens", "2", "--baseline", "0.3", "--tail", "0.2")
+
+
 def one_run(args, env: dict[str, str]) -> dict:
     spec = our_server(args.model, args.threads, args.n_ctx, {"PAGEDLLAMA_MAX_SEQS": "16", **env})
     with launched(spec) as base:
         iargs = interference.parse_args([
             "--base-url", base, "--streams", str(args.streams), "--long-len", str(args.long_len),
             "--stream-output-len", str(args.stream_output_len), "--seed", str(args.seed),
-            "--time-limit", str(args.time_limit)])
+            "--time-limit", str(args.time_limit), *(QUICK_INTERFERENCE if args.quick else ())])
         return asyncio.run(interference.run(iargs))
 
 
