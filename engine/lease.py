@@ -47,13 +47,6 @@ class ThreadLease:
         return self.governor.threads if self.governor else self.max_threads
 
     @property
-    def slowdown(self) -> float:
-        """How much slower than on all its threads the context computes now, taken as linear in
-        the thread count (a prompt's arithmetic divides between the threads): what the step
-        costs are scaled by (scheduler/costs.py)."""
-        return self.max_threads / max(1, self.current)
-
-    @property
     def other_cores(self) -> float | None:
         """Cores other processes used lately (None: not watched)."""
         return round(self.governor.others, 3) if self.governor else None

@@ -294,7 +294,7 @@ class Worker:
     def _step(self) -> None:
         t0 = time.perf_counter()
         self.lease.adapt(self.context)
-        self.scheduler.costs.slowdown = self.lease.slowdown   # costs at the threads of now
+        self.scheduler.costs.follow_threads(self.lease.threads)   # scheduler/costs.py
         self.speculation.propose()
         plan = self.scheduler.schedule()
         self.context.apply(plan.ops)
@@ -336,10 +336,10 @@ class Worker:
             # a call that ran stream copies first (a prompt continuing another sequence's cells,
             # with split KV) took longer for them: neither a cost to learn nor a neighbour
             copied = self.context.copied
-            self.scheduler.costs.slowdown = self.lease.slowdown   # the threads it ran with
             expected = self.scheduler.observe_call(group, seconds, learn=not copied)
             if expected and not copied and seconds > SLOW_STEP * expected + SLOW_STEP_MARGIN_S:
                 self.lease.slowed(self.context, seconds / expected)   # engine/lease.py
+                self.scheduler.costs.follow_threads(self.lease.threads)
             if status == 1:   # no KV slot after all: preempt one sequence and plan again
                 log.warning("engine %s: llama_decode found no KV slot; preempting", self.name)
                 self.scheduler.preempt_one()

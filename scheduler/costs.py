@@ -10,10 +10,12 @@ Costs move with the context (a prompt token late in a long prompt attends to mor
 with the machine (other processes), so they are exponentially weighted averages of the last few
 steps, not constants. A change of the context's thread count (the contention governor gives
 threads up and takes them back: engine/threads.py) changes every cost at once, faster than any
-average follows: costs are kept as at the context's full thread count and scaled by how many
-threads compute now (`StepCosts.slowdown`, configured / current: a prompt's arithmetic divides
-between the threads). Without it, the first steps after a drop ran on half the threads with
-pieces sized for all of them and took twice the step target.
+average follows (`StepCosts.follow_threads`): on fewer threads every figure is multiplied at once
+by the old count over the new one (a prompt's arithmetic divides between the threads; the first
+steps after a drop ran on half the threads with pieces sized for all of them and took twice the
+step target), on more threads the figures stay until steps on them are timed (a second thread
+made steps 1.3 to 2 times faster, depending on the machine: taking the gain before measuring
+it overshot the target).
 
 Speculative decoding (scheduler/speculation.py) needs what a call of decoding tokens costs by
 its size: a call of n decode or verification tokens takes about a + b·n seconds (a: streaming
@@ -179,18 +181,31 @@ class StepCosts:
     rates: dict[tuple[int, bool], float] = field(default_factory=dict)
     _closed: dict[int, int] = field(default_factory=dict)   # steps the gate said no, by size
     prompts: PromptModel = field(default_factory=PromptModel)   # prompt pieces by length, depth
-    # the context's configured threads over those it computes with now (module doc): what is
-    # observed is divided by it, what is predicted multiplied
-    slowdown: float = 1.0
+    threads: int | None = None   # the thread count the figures are for (None: not told)
+
+    def follow_threads(self, threads: int) -> None:
+        """The context computes with `threads` threads from now on (module doc): fewer, and every
+        time figure grows by the old count over the new one; more, and they stay as measured."""
+        old, self.threads = self.threads, threads
+        if old is None or threads >= old:
+            return
+        k = old / threads
+        if self.decode_s is not None:
+            self.decode_s *= k
+        if self.prompt_token_s is not None:
+            self.prompt_token_s *= k
+        calls, prompts = self.calls, self.prompts
+        calls.t0, calls.t1 = calls.t0 * k, calls.t1 * k
+        prompts.sty, prompts.say = prompts.sty * k, prompts.say * k
+        self.rates = {key: rate / k for key, rate in self.rates.items()}
 
     def observe_decode(self, seconds: float, tokens: int | None = None,
                        pieces: int | None = None) -> None:
         """A call of decoding tokens only (`tokens` of them, when known, in `pieces` pieces of
         one length, when known)."""
-        seconds /= self.slowdown
         self.decode_s = self._mix(self.decode_s, seconds)
         if tokens:
-            model = self.calls.fit(self.prompt_token_s)   # as at the full thread count
+            model = self.call_model()
             if model is not None and model[0] + model[1] * tokens > 0:
                 lo, hi = SIZE_RANGE
                 ratio = min(hi, max(lo, seconds / (model[0] + model[1] * tokens)))
@@ -235,10 +250,8 @@ class StepCosts:
         self.overhead_s = self._mix(self.overhead_s, max(0.0, seconds))
 
     def call_model(self) -> tuple[float, float] | None:
-        """(a, b) of a call of decoding tokens (CallModel), b's prior a prompt token's cost, at
-        the threads computing now."""
-        model = self.calls.fit(self.prompt_token_s)
-        return None if model is None else (model[0] * self.slowdown, model[1] * self.slowdown)
+        """(a, b) of a call of decoding tokens (CallModel), b's prior a prompt token's cost."""
+        return self.calls.fit(self.prompt_token_s)
 
     def call_cost(self) -> Callable[[int, int], float] | None:
         """What a call of `pieces` pieces of `length` decoding tokens takes: the call model's
@@ -263,15 +276,14 @@ class StepCosts:
         seen calls of several sizes, else what decode calls took lately."""
         model = self.calls.fit(None)
         if model is not None:
-            return (model[0] + model[1] * tokens) * self.slowdown
-        return None if self.decode_s is None else self.decode_s * self.slowdown
+            return model[0] + model[1] * tokens
+        return self.decode_s
 
     def observe_prompt(self, tokens: int, seconds: float,
                        pieces: list[tuple[int, int]] | None = None) -> None:
         """Prompt tokens took `seconds`; `pieces`, their (tokens, depth) where known, teach the
         cost model how a token's cost grows with the cells before it (PromptModel)."""
         if tokens > 0:
-            seconds /= self.slowdown
             self.prompt_token_s = self._mix(self.prompt_token_s, seconds / tokens)
             if pieces and seconds > 0:
                 self.prompts.observe(tokens, attention_work(pieces), seconds)
@@ -281,8 +293,8 @@ class StepCosts:
         if pieces:
             by_depth = self.prompts.seconds(pieces)
             if by_depth is not None:
-                return by_depth * self.slowdown
-        return None if self.prompt_token_s is None else self.prompt_token_s * tokens * self.slowdown
+                return by_depth
+        return None if self.prompt_token_s is None else self.prompt_token_s * tokens
 
     def expected(self, decode: int, prompt_tokens: int,
                  pieces: list[tuple[int, int]] | None = None) -> float | None:
@@ -309,9 +321,8 @@ class StepCosts:
         sequences decode); None until a prompt token's cost is known."""
         if self.prompt_token_s is None or self.prompt_token_s <= 0:
             return None
-        left = target_s - (((self.decode_s or 0.0) * self.slowdown + (self.overhead_s or 0.0))
-                           if decoding else 0.0)
-        left /= self.slowdown     # as at the full thread count, which the models keep
+        left = target_s - (((self.decode_s or 0.0) + (self.overhead_s or 0.0)) if decoding
+                           else 0.0)
         by_depth = self.prompts.tokens_within(left, depth)
         return max(0, int(left / self.prompt_token_s) if by_depth is None else by_depth)
 
