@@ -21,13 +21,17 @@ Invariants:
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
+import os
 import threading
 from collections.abc import Callable
+from pathlib import Path
 
 from engine.config import EngineConfig
 from engine.drafting import Drafter, verify
-from engine.llama import Context, Model
+from engine.llama import Context, Model, build_identity
 from engine.request import Event, Request
 from scheduler import Chunk, Scheduler, Status, StepPlan
 from scheduler.speculation import worth_drafting
@@ -39,6 +43,51 @@ log = logging.getLogger("pagedllama.engine")
 # second context of it, does not decode the probe again.
 _probed: dict[tuple, bool] = {}
 _probed_lock = threading.Lock()
+# ... and across processes (a server started again): a small JSON file of answers by a digest
+# of the same key plus what else decides the numbers (llama.cpp's version, build and libraries,
+# the CPU), in PAGEDLLAMA_PROBE_DIR (default: the user's cache directory).
+PROBE_FILE = "speculation-probes.json"
+
+
+def probe_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(os.environ.get("PAGEDLLAMA_PROBE_DIR") or Path(base) / "pagedllama")
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((line.split(":", 1)[1].strip() for line in f
+                         if line.startswith("model name")), "")
+    except OSError:
+        return ""
+
+
+def _disk_key(key: tuple) -> str:
+    what = {"key": list(key), "llama_cpp": build_identity(), "cpu": _cpu_name()}
+    return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()
+
+
+def _read_probes(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):   # none yet, or unreadable: probe again
+        return {}
+
+
+def _write_probe(path: Path, digest: str, answer: bool) -> None:
+    """Add one answer, written whole to a temporary file and renamed (another process may write
+    the file at the same time: one of the two answers may be lost, never the file)."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        data = _read_probes(path)
+        data[digest] = answer
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}")
+        tmp.write_text(json.dumps(data))
+        os.replace(tmp, path)
+    except OSError as exc:   # a read-only home: the next start probes again
+        log.info("speculation probe not kept on disk (%s)", exc)
 
 
 def speculation_mode(name: str, model: Model, context: Context,
@@ -63,7 +112,8 @@ def speculation_mode(name: str, model: Model, context: Context,
 def _probe_pieces(model: Model, context: Context, config: EngineConfig) -> bool:
     """The probe on one thread: answers do not depend on the thread count, and two threads next
     to a busy process stall at llama.cpp's barriers before the lease can react. Its answer is
-    kept for the process (`_probed`)."""
+    kept for the process (`_probed`) and on disk (`probe_dir`: a server started again on the
+    same model, llama.cpp and CPU starts ~2 s sooner)."""
     longest = min(config.max_draft + 1, config.step_tokens, config.n_outputs_max)
     lengths = tuple(sorted(k for k in {2, 3, 5, 9, longest} if k <= longest))
     path = model.path.resolve()
@@ -73,11 +123,17 @@ def _probe_pieces(model: Model, context: Context, config: EngineConfig) -> bool:
            lengths)
     with _probed_lock:
         if key not in _probed:
+            path, digest = probe_dir() / PROBE_FILE, _disk_key(key)
+            known = _read_probes(path).get(digest)
+            if isinstance(known, bool):
+                _probed[key] = known
+                return known
             context.set_threads(1)
             try:
                 _probed[key] = context.pieces_match_decoding(lengths=lengths)
             finally:
                 context.set_threads(config.n_threads)
+            _write_probe(path, digest, _probed[key])
         return _probed[key]
 
 

@@ -1,6 +1,13 @@
+import os
+import tempfile
+
 import pytest
 
 from tests.server_proc import SMOLLM2_NAME, running_server
+
+# the speculation probe's answers (engine/speculation.py) are kept for the whole run, shared by
+# every server the tests start, and never written to the user's cache directory
+os.environ.setdefault("PAGEDLLAMA_PROBE_DIR", tempfile.mkdtemp(prefix="pagedllama-probes-"))
 
 
 @pytest.fixture(scope="session")

@@ -6,6 +6,7 @@ preemption, cancellation, usage); the KV books agree with llama.cpp after rollba
 verification piece would compute other numbers than decoding (plain attention) speculation stays
 off."""
 import asyncio
+import json
 import time
 
 import pytest
@@ -313,11 +314,14 @@ def test_a_verification_piece_computes_what_decoding_computes_except_with_plain_
 
 
 @cpu_exact
-def test_the_probe_runs_once_a_process_per_model_file_and_kernel(model, monkeypatch):
+def test_the_probe_runs_once_per_model_file_and_kernel_and_is_kept_on_disk(model, monkeypatch,
+                                                                             tmp_path):
     """A model loaded again, or a second context of it, does not decode the start-up probe
-    again (it costs ~1.5 s for this model, more for larger ones); another KV type does."""
+    again (it costs ~1.5-2 s for this model, more for larger ones); another KV type does. A
+    process started later reads the answers from disk; an unreadable file is probed again."""
     from engine import speculation
     monkeypatch.setattr(speculation, "_probed", {})
+    monkeypatch.setenv("PAGEDLLAMA_PROBE_DIR", str(tmp_path))
     calls = []
     probe = Context.pieces_match_decoding
 
@@ -332,6 +336,17 @@ def test_the_probe_runs_once_a_process_per_model_file_and_kernel(model, monkeypa
         finally:
             worker.stop()
     assert calls == ["f16", "q8_0"]
+    saved = json.loads((tmp_path / speculation.PROBE_FILE).read_text())
+    assert sorted(saved.values()) == [True, True]
+    for contents, probes in ((None, 2), ("{not json", 3)):   # a new process: from disk, once
+        monkeypatch.setattr(speculation, "_probed", {})
+        if contents is not None:
+            (tmp_path / speculation.PROBE_FILE).write_text(contents)
+        worker = make_worker(model, flash_attn=True, kv_type="f16")
+        try:
+            assert worker.speculative and len(calls) == probes
+        finally:
+            worker.stop()
 
 
 def test_health_metrics_and_stats_show_speculation():
