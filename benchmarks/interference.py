@@ -37,6 +37,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+# what a stream asks for so that each token comes in a chunk (completions; chat)
+TOKEN_CHUNKS = {False: {"logprobs": 1}, True: {"logprobs": True, "top_logprobs": 1}}
+
+
 def pct_ms(values: list[float], q: float) -> float:
     return float(np.percentile(np.asarray(values) * 1000, q)) if values else 0.0
 
@@ -52,8 +56,11 @@ async def scenario(base: str, endpoint: str, model: str, cal: ds.Calibration, *,
     long_out = RequestOutput()
     deadline = time.perf_counter() + time_limit
     async with make_client(streams + 1, time_limit) as client:
+        # the streams ask for logprobs so that every token comes in a chunk, with text or not
+        # (a control token has none): the gaps are between tokens, not between texts
         tasks = [asyncio.create_task(send(
-            client, url, payload(model, request_input(c, 0, chat), chat, stream_output_len, True),
+            client, url, payload(model, request_input(c, 0, chat), chat, stream_output_len, True,
+                                 extra=TOKEN_CHUNKS[chat]),
             chat, time_limit, out)) for c, out in zip(stream_convs, outs)]
         # wait until every stream is running (a stream that ended already will not settle)
         while (min(len(o.chunk_times) for o in outs) < settle_tokens
@@ -76,20 +83,24 @@ def report(outs: list[RequestOutput], long_out: RequestOutput, streams: int,
     t_send = long_out.start
     t_first = long_out.chunk_times[0] if long_out.chunk_times else long_out.end
     t_end = long_out.end
-    gaps, window_gaps, per_stream_max = [], [], []
+    gaps, window_gaps, per_stream_max, text_gaps = [], [], [], []
     during_prefill, max_gap_at = 0, None
     t_settled = long_out.start if t_settled is None else t_settled
     for o in outs:
-        times = [t for t in o.chunk_times if t >= t_settled]
+        # gaps between tokens where the server sent every token (logprobs), else between texts
+        arrivals = o.token_times or o.chunk_times
+        times = [t for t in arrivals if t >= t_settled]
         g = [b - a for a, b in zip(times, times[1:])]
         gaps += g
         if g and max(g) >= max(gaps):   # where the largest gap began, relative to the long send
             max_gap_at = times[g.index(max(g))] - t_send
         per_stream_max.append(max(g, default=0.0))
+        texts = [t for t in o.chunk_times if t >= t_settled]
+        text_gaps += [b - a for a, b in zip(texts, texts[1:])]
         # a gap "during the long request" overlaps [sent, finished]
-        window_gaps += [b - a for a, b in zip(o.chunk_times, o.chunk_times[1:])
+        window_gaps += [b - a for a, b in zip(arrivals, arrivals[1:])
                         if b > t_send and a < t_end]
-        during_prefill += sum(1 for t in o.chunk_times if t_send <= t <= t_first)
+        during_prefill += sum(1 for t in arrivals if t_send <= t <= t_first)
     # a stream that was stopped by us is fine; one that failed on its own, or that ended
     # (max_tokens) before the long request finished, does not measure what we want
     stream_ok = [(o.error in ("", "cancelled")) and len(o.chunk_times) >= settle_tokens
@@ -109,6 +120,10 @@ def report(outs: list[RequestOutput], long_out: RequestOutput, streams: int,
         "stream_errors": [o.error for o in outs],
         "itl_p50_ms": pct_ms(gaps, 50), "itl_p99_ms": pct_ms(gaps, 99),
         "max_gap_s": max(gaps, default=0.0),
+        # the same between chunks with text: a token without text (a control token) makes a
+        # gap of two steps here that no step had
+        "max_text_gap_s": max(text_gaps, default=0.0),
+        "gaps_between": "tokens" if all(o.token_times for o in outs) else "texts",
         "max_gap_began_s_after_long_sent": max_gap_at,
         "during_long_itl_p50_ms": pct_ms(window_gaps, 50),
         "during_long_itl_p99_ms": pct_ms(window_gaps, 99),

@@ -148,6 +148,8 @@ def test_interference_reports_gaps_and_long_prompt(server_url, tmp_path):
     assert r["long_ttft_s"] > 0
     assert r["max_gap_s"] == max(r["per_stream_max_gap_s"])
     assert r["max_gap_s"] * 1000 >= r["itl_p99_ms"] >= r["itl_p50_ms"] > 0
+    # every token came in a chunk (logprobs), so the gaps are between tokens
+    assert r["gaps_between"] == "tokens" and r["max_text_gap_s"] > 0
     assert all(n >= 2 for n in r["stream_output_tokens"])
 
 

@@ -51,6 +51,9 @@ class RequestOutput:
     start: float = 0.0                 # perf_counter when the request was sent
     end: float = 0.0
     chunk_times: list[float] = field(default_factory=list)   # one per chunk carrying text
+    # one per chunk carrying a token, text or not: with logprobs asked for, a token without
+    # text (a control token) still comes in a chunk of its own
+    token_times: list[float] = field(default_factory=list)
     text: str = ""
     prompt_tokens: int = 0
     output_tokens: int = 0
@@ -170,6 +173,9 @@ def _read_chunk(obj: dict, chat: bool, now: float, out: RequestOutput, parts: li
         if text:
             out.chunk_times.append(now)
             parts.append(text)
+        logprobs = choice.get("logprobs") or {}
+        if text or logprobs.get("tokens") or logprobs.get("content"):
+            out.token_times.append(now)
         if choice.get("finish_reason"):
             out.finish_reason = choice["finish_reason"]
 
