@@ -211,7 +211,7 @@ def batch_from_env() -> BatchSettings:
                                                   "PAGEDLLAMA_BATCH_MAX_FILE_BYTES"),
               **{name: int(_env(name, default)) for name, default in (
                   ("BATCH_MAX_LINES", "50000"), ("BATCH_MAX_ACTIVE", "4"),
-                  ("BATCH_CONCURRENCY", "8"))}}
+                  ("BATCH_CONCURRENCY", "16"))}}
     for name, value in values.items():
         if value < 1:
             raise ValueError(f"PAGEDLLAMA_{name} must be at least 1")

@@ -21,7 +21,7 @@ from tests.server_proc import SMOLLM2_NAME, server_process
 
 # the body limit is then 96 KiB (64 KiB + 64 bytes a token of context); uploads get 256 KiB
 ENV = {"PAGEDLLAMA_MAX_SEQS": "8", "PAGEDLLAMA_N_CTX": "512",
-       "PAGEDLLAMA_BATCH_MAX_FILE_BYTES": "256KiB"}
+       "PAGEDLLAMA_BATCH_MAX_FILE_BYTES": "256KiB", "PAGEDLLAMA_BATCH_CONCURRENCY": "8"}
 
 
 def chat_line(cid: str, content: str, **extra) -> dict:
@@ -117,7 +117,7 @@ def line_starts(log: str, batch_id: str) -> dict[int, float]:
 def test_no_batch_line_starts_while_an_interactive_request_runs(server):
     client = client_of(server.base)
     lines = [chat_line(f"r{i}", f"Tell me about the number {i}.", max_tokens=16, ignore_eos=True)
-             for i in range(24)]    # three times the lines in flight at once
+             for i in range(24)]    # three times the lines in flight at once (ENV)
     f = client.files.create(file=("in.jsonl", jsonl(lines)), purpose="batch")
     batch = client.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions",
                                   completion_window="24h")
