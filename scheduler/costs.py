@@ -11,11 +11,10 @@ with the machine (other processes), so they are exponentially weighted averages 
 steps, not constants. A change of the context's thread count (the contention governor gives
 threads up and takes them back: engine/threads.py) changes every cost at once, faster than any
 average follows (`StepCosts.follow_threads`): on fewer threads every figure is multiplied at once
-by the old count over the new one (a prompt's arithmetic divides between the threads; the first
-steps after a drop ran on half the threads with pieces sized for all of them and took twice the
-step target), on more threads the figures stay until steps on them are timed (a second thread
-made steps 1.3 to 2 times faster, depending on the machine: taking the gain before measuring
-it overshot the target).
+by the old count over the new one (a prompt's arithmetic divides between the threads: a piece
+sized for two threads takes about twice the step target on one); on more threads the figures
+stay until steps on them are timed (a second thread made steps 1.3 to 2 times faster,
+depending on the machine: taking the gain before measuring it overshot the target).
 
 Speculative decoding (scheduler/speculation.py) needs what a call of decoding tokens costs by
 its size: a call of n decode or verification tokens takes about a + b·n seconds (a: streaming

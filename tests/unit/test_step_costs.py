@@ -136,8 +136,8 @@ def test_the_first_long_prompt_gets_steps_near_the_target_at_every_depth():
 
 
 def test_a_thread_given_up_halves_the_next_prompt_piece_and_one_taken_back_waits_to_be_timed():
-    """After a drop the next piece is sized for the threads left (a step on half the threads
-    with a piece sized for all of them took twice the target); after a raise the figures stay
+    """After a drop the next piece is sized for the threads left (a piece sized for all of
+    them takes about twice the target on half of them); after a raise the figures stay
     until steps on more threads are timed (a second thread gave 1.3 to 2 times the speed)."""
     costs = StepCosts()
     costs.follow_threads(2)
