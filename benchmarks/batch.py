@@ -53,6 +53,9 @@ def parse_args(argv: list[str] | None = None):
     p.add_argument("--think", type=float, default=1.0, help="seconds between a client's chats")
     p.add_argument("--input-len", type=int, default=64, help="interactive prompt tokens")
     p.add_argument("--output-len", type=int, default=32, help="interactive answer tokens")
+    p.add_argument("--settle", type=float, default=3.0,
+                   help="seconds between the chats beside a batch and the batch alone (the "
+                        "runner starts lines 2 s after the last interactive request)")
     p.add_argument("--batch-lines", type=int, default=48,
                    help="lines of the batch run alone (and of each client concurrency)")
     p.add_argument("--beside-lines", type=int, default=1000,
@@ -68,6 +71,7 @@ def parse_args(argv: list[str] | None = None):
         args.batch_lines, args.batch_input_len, args.batch_output_len = 4, 24, 6
         args.beside_lines = 4
         args.sweep = "1,2"
+        args.settle = 2.0
     args.concurrencies = [int(c) for c in args.sweep.split(",") if c.strip()]
     if not args.concurrencies or min(args.concurrencies) < 1:
         p.error("--sweep: comma-separated concurrencies of at least 1")
@@ -195,6 +199,8 @@ async def run(base: str, args) -> dict:
     beside = await beside_batch(base, model, args, cal, batch_file(model, args, cal, "batch-beside",
                                                                    args.beside_lines)[0])
     print(f"chats beside a batch: TTFT p95 {beside['ttft_p95_ms']:.0f} ms", file=sys.stderr, flush=True)
+    # alone: after the runner's quiet time since the last chat (server/batch/runner.py, QUIET_S)
+    await asyncio.sleep(args.settle)
     batch = await batch_alone(base, batch_file(model, args, cal, "batch-alone")[0], args)
     print(f"batch alone: {batch['tok_s']:.1f} tok/s", file=sys.stderr, flush=True)
     sweep = await client_sweep(base, model, args, cal)

@@ -9,7 +9,8 @@ context runs or waits, pauses where it stands meanwhile, and is preempted first)
 itself keeps batch work out of the way: a new line starts on a model only while
 - no client's request holds any model (`Entry.users`, the leases of requests in flight, less
   the runner's own: the models of one process share its cores), and none has for `QUIET_S`
-  (an agent's next turn comes within that);
+  (2 s: an agent's next turn, a chat user's next message mostly come within that; a line's
+  prompt started between two chats delayed the next one, as measured by benchmarks/batch.py);
 - none of its contexts has a request waiting (the runner's own included: the lines started
   at once, up to the concurrency, are admitted before more start; a model not loaded yet gets
   one line, which loads it);
@@ -56,7 +57,7 @@ request_log = logging.getLogger("pagedllama.request")
 
 BATCH_PRIORITY = BACKGROUND   # the lowest priority a request can have (JSON's largest exact int)
 TICK_S = 0.05                # how often the runner looks at the models and its batches
-QUIET_S = 0.5                # a model's time without interactive requests before lines start
+QUIET_S = 2.0                # a model's time without interactive requests before lines start
 BUSY_PAUSE_S = 1.0           # after a 429 / 503, a model gets no line for this long
 TRANSIENT = frozenset({429, 499, 503})   # a line that ends so has no answer: it runs again
 
