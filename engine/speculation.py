@@ -33,6 +33,7 @@ from engine.config import EngineConfig
 from engine.drafting import Drafter, verify
 from engine.llama import Context, Model, build_identity
 from engine.request import Event, Request
+from kvcache.tiers import write_atomic
 from scheduler import Chunk, Scheduler, Status, StepPlan
 from scheduler.speculation import worth_drafting
 
@@ -77,15 +78,13 @@ def _read_probes(path: Path) -> dict:
 
 
 def _write_probe(path: Path, digest: str, answer: bool) -> None:
-    """Add one answer, written whole to a temporary file and renamed (another process may write
-    the file at the same time: one of the two answers may be lost, never the file)."""
+    """Add one answer, the file written whole (another process may write it at the same time:
+    one of the two answers may be lost, never the file)."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         data = _read_probes(path)
         data[digest] = answer
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}")
-        tmp.write_text(json.dumps(data))
-        os.replace(tmp, path)
+        write_atomic(path, json.dumps(data).encode())
     except OSError as exc:   # a read-only home: the next start probes again
         log.info("speculation probe not kept on disk (%s)", exc)
 

@@ -74,7 +74,7 @@ def file_digest(path: Path, memo: Path | None = None) -> str:
         if memo is not None:
             known[stamp] = digest
             try:
-                _write_atomic(memo, json.dumps(known, sort_keys=True).encode())
+                write_atomic(memo, json.dumps(known, sort_keys=True).encode())
             except OSError:
                 pass
     _DIGESTS[stamp] = digest
@@ -84,7 +84,10 @@ def file_digest(path: Path, memo: Path | None = None) -> str:
 _DIGESTS: dict[str, str] = {}
 
 
-def _write_atomic(path: Path, data: State | Sequence[State]) -> None:
+def write_atomic(path: Path, data: State | Sequence[State]) -> None:
+    """Write `data` (bytes, or parts of them one after the other) to a temporary file beside
+    `path` and rename it there: a reader, or another process writing the same file, sees the
+    old file or the new one, never a part of one."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     try:
         with open(tmp, "wb") as f:
@@ -257,7 +260,7 @@ class PrefixStore:
         path = space.directory / f"{snap.key & 0xFFFFFFFFFFFFFFFF:016x}{FILE_SUFFIX}"
         try:
             space.directory.mkdir(parents=True, exist_ok=True)
-            _write_atomic(path, [MAGIC, HEADER.pack(len(header)), header, data])
+            write_atomic(path, [MAGIC, HEADER.pack(len(header)), header, data])
         except OSError as exc:
             self.disk_writable = False
             self.disk_note = f"off after a write failed ({exc.strerror or exc})"

@@ -223,7 +223,7 @@ def test_a_failing_disk_turns_writing_off_and_requests_go_on(tmp_path, monkeypat
 
     def full(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")
-    monkeypatch.setattr(tiers_mod, "_write_atomic", full)
+    monkeypatch.setattr(tiers_mod, "write_atomic", full)
     with caplog.at_level(logging.WARNING, "pagedllama.kvcache"):
         space.put(prompt(1, 16), b"A" * 64)
         s.flush()
