@@ -43,6 +43,7 @@ from benchmarks.harness.launch import launched, our_server, parse_env, stop_serv
 from benchmarks.harness.metrics import finish
 from benchmarks.harness.options import CHAT, add, parser
 from benchmarks.harness.workload import calibrate, run_workload, warmup
+from server.batch.runner import QUIET_S
 
 
 def parse_args(argv: list[str] | None = None):
@@ -53,9 +54,9 @@ def parse_args(argv: list[str] | None = None):
     p.add_argument("--think", type=float, default=1.0, help="seconds between a client's chats")
     p.add_argument("--input-len", type=int, default=64, help="interactive prompt tokens")
     p.add_argument("--output-len", type=int, default=32, help="interactive answer tokens")
-    p.add_argument("--settle", type=float, default=3.0,
+    p.add_argument("--settle", type=float, default=QUIET_S + 1.0,
                    help="seconds between the chats beside a batch and the batch alone (the "
-                        "runner starts lines 2 s after the last interactive request)")
+                        f"runner starts lines {QUIET_S:g} s after the last interactive request)")
     p.add_argument("--batch-lines", type=int, default=48,
                    help="lines of the batch run alone (and of each client concurrency)")
     p.add_argument("--beside-lines", type=int, default=1000,
@@ -71,7 +72,7 @@ def parse_args(argv: list[str] | None = None):
         args.batch_lines, args.batch_input_len, args.batch_output_len = 4, 24, 6
         args.beside_lines = 4
         args.sweep = "1,2"
-        args.settle = 2.0
+        args.settle = QUIET_S
     args.concurrencies = [int(c) for c in args.sweep.split(",") if c.strip()]
     if not args.concurrencies or min(args.concurrencies) < 1:
         p.error("--sweep: comma-separated concurrencies of at least 1")
