@@ -48,12 +48,36 @@ def llama_cpp_version() -> str:
     return C.__version__
 
 
+_stoppable = threading.local()   # .on: this thread is in a stoppable decode (Context.decode)
+
+
 @C.llama_log_callback
 def _log_callback(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
-    # llama.cpp's own messages go through logging; quiet (DEBUG) unless they are errors.
+    # llama.cpp's own messages go through logging; quiet (DEBUG) unless they are errors, and
+    # those of a stoppable decode are what stopping it logs ("failed to compute graph").
     message = text.decode("utf-8", errors="replace").rstrip()
     if message:
-        log.log(logging.ERROR if level == 4 else logging.DEBUG, message)
+        error = level == 4 and not getattr(_stoppable, "on", False)
+        log.log(logging.ERROR if error else logging.DEBUG, message)
+
+
+def _stop_callback():
+    """The abort callback of a stoppable decode (Context.decode). llama.cpp's CPU backend calls
+    `bool callback(void *data)` on its first thread after every graph node of a decode, and
+    stops the computation when it answers true. A Python callback would take the GIL hundreds
+    of times a step, each time waiting for the event loop's thread; libc's `strlen`, called on
+    a flag that is a C string ("" to go on, "x" to stop), answers without Python. Its result
+    comes back in the register a bool is read from (its low byte: 0 or 1) on the ABIs llama.cpp
+    runs on. None where libc cannot be found: decodes then always run to their end."""
+    try:
+        address = ctypes.cast(ctypes.CDLL(None).strlen, ctypes.c_void_p).value
+    except (OSError, AttributeError, TypeError):
+        return None
+    return C.ggml_abort_callback(address) if address else None
+
+
+_STOP_CALLBACK = _stop_callback()
+_NO_CALLBACK = C.ggml_abort_callback()   # NULL: no abort callback
 
 
 def init_backend() -> None:
@@ -425,12 +449,18 @@ class Context:
         self._copying: set[int] = set()   # streams with a copy pending (_settle)
         self.copied = False   # whether the last decode ran stream copies before its pieces
         self._views: dict[int, np.ndarray] = {}   # logits views by address (see logits)
+        self._stop = ctypes.create_string_buffer(2)   # a stoppable decode's flag (request_stop)
 
     # ---- batch and decode ---------------------------------------------------------------------
-    def decode(self, pieces: list[tuple[int, list[int], int, int]]) -> int:
+    def decode(self, pieces: list[tuple[int, list[int], int, int]],
+               stoppable: bool = False) -> int:
         """One llama_decode over pieces of (seq id, tokens, first position, how many of the last
         tokens want logits: 0, 1 (True) or all of them). Returns llama_decode's status (0 ok,
-        1 no KV slot, <0 error)."""
+        1 no KV slot, 2 stopped, <0 error). A `stoppable` decode on the CPU stops after the
+        graph node that is computing when `request_stop` is called, or at its first node if
+        that was called since the last `clear_stop`; llama.cpp then removes what the stopped
+        micro-batch put in the KV cache (earlier micro-batches of the call stay: the caller
+        removes the pieces' positions itself)."""
         n = outputs = 0
         for seq_id, tokens, pos0, want_logits in pieces:
             k = len(tokens)
@@ -452,7 +482,22 @@ class Context:
             # llama.cpp would abort the process (an assertion in its output buffer)
             raise RuntimeError(f"a batch with {outputs} outputs, more than the context's "
                                f"{self.config.n_outputs_max}")
-        return C.llama_decode(self.ptr, self.batch)
+        if not stoppable or _STOP_CALLBACK is None:
+            return C.llama_decode(self.ptr, self.batch)
+        C.llama_set_abort_callback(self.ptr, _STOP_CALLBACK, ctypes.addressof(self._stop))
+        _stoppable.on = True
+        try:
+            return C.llama_decode(self.ptr, self.batch)
+        finally:
+            _stoppable.on = False
+            C.llama_set_abort_callback(self.ptr, _NO_CALLBACK, None)
+
+    def request_stop(self) -> None:
+        """Stop the stoppable decode running now, or the next one (any thread may call it)."""
+        self._stop[0] = b"x"
+
+    def clear_stop(self) -> None:
+        self._stop[0] = b"\0"
 
     def pieces_match_decoding(self, seq: int = 0,
                               lengths: tuple[int, ...] = (2, 3, 5, 9)) -> bool:

@@ -54,6 +54,7 @@ from engine.threads import CoreBudget
 from kvcache import BlockManager, PrefixStore, Space, block_hashes, space_identity
 from kvcache.tiers import file_digest
 from scheduler import FinishReason, Scheduler, Sequence, StepPlan, make_policy
+from scheduler.sequence import BACKGROUND
 
 log = logging.getLogger("pagedllama.engine")
 
@@ -134,6 +135,7 @@ class Worker:
         self.gather = WaveGather(self.scheduler, self.wakeup, self._drain_inbox)
         self.times = StepTimes()
         self._step_decode_s = 0.0     # this step's time inside llama_decode
+        self._step_stopped = False    # this step's decode was stopped for a client's request
         self.publish_prefixes = publish_prefixes
         self.cached_hashes: frozenset[int] = frozenset()   # published for the router
         self.stats = self._collect_stats()                 # published for /health and metrics
@@ -167,6 +169,8 @@ class Worker:
         self.submitted += len(group)
         self.inbox.append(Admit(req))
         self.wakeup.set()
+        if req.priority < BACKGROUND:   # a step of background work alone stops for it
+            self.context.request_stop()
         return queue
 
     @property
@@ -314,7 +318,7 @@ class Worker:
         self._publish()
         t2 = time.perf_counter()
         self.times.deliver_s += t2 - t1
-        if plan.chunks:   # what the step cost outside llama_decode (speculation's overhead)
+        if plan.chunks and not self._step_stopped:   # what the step cost outside llama_decode
             self.scheduler.costs.observe_overhead(t2 - t0 - self._step_decode_s)
             self.speculation.observe_step(plan, t2 - t0, self._step_decode_s)
 
@@ -322,17 +326,25 @@ class Worker:
         t0 = time.perf_counter()
         events: list[Delivery] = []
         times = self.times
-        self._step_decode_s = 0.0
+        self._step_decode_s, self._step_stopped = 0.0, False
         for group in self._groups(plan.chunks):
             pieces = [(c.seq.seq_id, c.tokens, c.start, c.num_logits) for c in group]
+            if plan.background:   # a client's request stops it; one already here skips it
+                self.context.clear_stop()
+                if self._client_waiting():
+                    self._stop_pieces(group, 0.0)
+                    return events
             t = time.perf_counter()
-            status = self.context.decode(pieces)
+            status = self.context.decode(pieces, stoppable=plan.background)
             t_decoded = time.perf_counter()
             seconds = t_decoded - t
             times.decode_calls += 1
             times.micro_batches += self._micro_batches(group)
             times.decode_s += seconds
             self._step_decode_s += seconds
+            if status == 2:
+                self._stop_pieces(group, seconds)
+                return events
             # a call that ran stream copies first (a prompt continuing another sequence's cells,
             # with split KV) took longer for them: neither a cost to learn nor a neighbour
             copied = self.context.copied
@@ -354,6 +366,23 @@ class Worker:
         times.steps += 1
         self.observer.on_step(self, plan.num_tokens, time.perf_counter() - t0)
         return events
+
+    def _client_waiting(self) -> bool:
+        """Whether a client's request (not background work) waits in the inbox."""
+        return any(isinstance(m, Admit) and m.req.priority < BACKGROUND for m in list(self.inbox))
+
+    def _stop_pieces(self, group: list, seconds: float) -> None:
+        """A background step stopped for a client's request (or skipped: seconds 0): its
+        pieces' KV positions go (llama.cpp removed those of the micro-batch it stopped in) and
+        the scheduler plans them again."""
+        for chunk in group:
+            self.context.seq_rm(chunk.seq.seq_id, chunk.start, -1)
+        self.scheduler.stopped(group)
+        self._step_stopped = True
+        self.times.stopped_steps += 1
+        self.times.stopped_s += seconds
+        log.debug("engine %s: a background step stopped for a client's request after %.1f ms",
+                  self.name, seconds * 1000)
 
     def _sample(self, group: list) -> list[Delivery]:
         """Sample every chunk that wants logits, now: the next decode overwrites them. What

@@ -38,7 +38,9 @@ foreground sequence may preempt it. While any foreground sequence is running or 
 step plans nothing for background sequences: they are paused where they are (their KV and seq
 ids kept), so the foreground streams get every step at the cost they have alone; and while
 background work runs alone its steps stay short (prompt tokens within BACKGROUND_STEP_S, one
-grid cell at least; no waves), so foreground work arriving waits for one short step at most.
+grid cell at least; no waves), and a client's request arriving stops the step running
+(engine/worker.py; the step's pieces are planned again: `stopped`), so it waits for no
+background step at all.
 """
 from __future__ import annotations
 
@@ -101,6 +103,7 @@ class StepPlan:
     budget: int = 0                # tokens this step may take in all (set by schedule)
     wave: bool = False             # a wave step: every prompt that wants computing, whole
     draft_s: float = 0.0           # the decoding calls' predicted seconds where drafts verify
+    background: bool = False       # background work alone: a client's request may stop it
 
     @property
     def num_tokens(self) -> int:
@@ -220,7 +223,7 @@ class Scheduler:
             if seq.status is Status.RUNNING and not (self.paused and seq.background):
                 self._plan(seq, 1, plan)
         self._plan_drafts(plan)
-        background = not self.paused and self.has_work()   # background work alone
+        background = plan.background = not self.paused and self.has_work()   # (module doc)
         plan.wave = not background and self.is_wave(len(plan.chunks))
         plan.budget = self.wave_batch_tokens if plan.wave else self.max_batch_tokens
         if background:   # short steps: foreground work arriving waits for one of them at most
@@ -604,6 +607,17 @@ class Scheduler:
         self.num_preemptions += 1
         self.waiting.append(seq)
         plan.preempted.append(seq)
+
+    def stopped(self, chunks: list[Chunk]) -> None:
+        """These chunks' decode was stopped part-way (a step of background work alone, stopped
+        for a client's request: module doc) and their KV positions removed: nothing of them
+        counts, and they are planned again. Their blocks stay allocated; the blocks they were
+        to compute first are free for another sequence to claim, and the drafts they were to
+        verify are dropped (drafted again)."""
+        for chunk in chunks:
+            self._release_claims(chunk.claims, chunk.seq)
+            if chunk.drafted:
+                chunk.seq.draft = []
 
     def _release_claims(self, claims: list[int], seq: Sequence) -> None:
         for h in claims:

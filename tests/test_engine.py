@@ -7,6 +7,7 @@ import pytest
 
 from engine import EngineConfig, Model, Request, SamplingParams, Worker
 from engine.llama import Attention
+from scheduler.sequence import BACKGROUND
 from tests.devices import TEST_GPU_LAYERS, cpu_exact
 from tests.engine_helpers import assert_books_match_kv, idle
 from tests.server_proc import GEMMA3, SMOLLM2
@@ -200,6 +201,40 @@ def test_a_swapped_greedy_request_finishes_with_its_unpreempted_output(model):
                 assert preempted.startswith(head) and len(preempted) > len(head)
         finally:
             worker.stop()
+
+
+@pytest.mark.parametrize("unified", [False, True])
+def test_a_clients_request_stops_a_background_step_and_changes_no_answer(model, unified):
+    """A step of background work alone (a batch line) stops when a client's request arrives:
+    llama.cpp's decode is cut short, the line's pieces leave the KV cache and are computed again
+    later. The line and the chats end with the answers they get alone, and the books agree
+    with llama.cpp."""
+    worker = make_worker(model, kv_unified=unified, prefix_caching=False, max_batch_tokens=256)
+    try:
+        text = " ".join(f"{QUESTIONS[i % 6]} {SYSTEM}" for i in range(3))
+        line_prompt = chat_prompt(model, "Summarize this: " + text)[:700]
+        chats = [chat_prompt(model, q) for q in QUESTIONS[:4]]
+        line_alone = run_all(worker, [line_prompt], max_tokens=24, priority=BACKGROUND)[0]
+        chats_alone = run_all(worker, chats, max_tokens=6)
+
+        async def main():
+            line = asyncio.ensure_future(generate(worker, line_prompt, max_tokens=24,
+                                                  priority=BACKGROUND))
+            answers = []
+            for prompt in chats:   # until one arrives during a background step
+                while not any(s.num_computed for s in worker.scheduler.running):
+                    await asyncio.sleep(0.002)
+                answers.append(await generate(worker, prompt, max_tokens=6))
+                if worker.times.stopped_steps:
+                    break
+            return await line, answers
+        line, answers = asyncio.run(main())
+        assert worker.times.stopped_steps >= 1
+        assert line == line_alone and answers == chats_alone[:len(answers)]
+        idle(worker)
+        assert_books_match_kv(worker)
+    finally:
+        worker.stop()
 
 
 @cpu_exact

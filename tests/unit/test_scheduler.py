@@ -298,6 +298,31 @@ def test_background_work_alone_takes_short_steps():
     assert all(line.status is Status.FINISHED for line in lines)
 
 
+def test_a_stopped_background_step_counts_nothing_and_frees_its_claims():
+    """A background step stopped part-way for a client's request (the worker removes its KV
+    positions) advances nothing; the prefix blocks it was computing first can be claimed by the
+    client's request, which shares them, and the line later computes the same pieces again
+    and ends with the answer it gets alone."""
+    sched, kv = make(max_seqs=4, budget=64)
+    line = seq(16, max_tokens=6, priority=BACKGROUND, base=50)
+    line_alone = seq(16, max_tokens=6, priority=BACKGROUND, base=50)
+    sched.add(line_alone)
+    run_to_end(sched, kv)
+    sched, kv = make(max_seqs=4, budget=64)
+    sched.add(line)
+    plan = sched.schedule()
+    kv.apply(plan.ops)
+    assert plan.background and [c.seq for c in plan.chunks] == [line] and plan.chunks[0].claims
+    sched.stopped(plan.chunks)   # stopped: nothing written, nothing advanced
+    assert line.num_computed == 0 and not sched.inflight
+    chat = Sequence(line.tokens[:8] + [900, 901], 3, 0)   # shares the line's first two blocks
+    sched.add(chat)
+    plan = step(sched, kv)
+    assert not plan.background and [c.seq for c in plan.chunks] == [chat]
+    run_to_end(sched, kv)
+    assert chat.status is Status.FINISHED and line.tokens == line_alone.tokens
+
+
 @pytest.mark.parametrize("policy", ["fifo", "priority", "spf"])
 def test_foreground_work_preempts_background_work_for_its_slot(policy):
     sched, kv = make(policy, max_seqs=1)
