@@ -6,17 +6,19 @@ requests itself.
     python -m benchmarks.batch --base-url http://127.0.0.1:8000
     python -m benchmarks.batch --quick                # a tiny run (the test's)
 
-Three measurements on one server, in this order:
+First a client sends the batch's requests (`--batch-lines` of them, streamed) at each
+concurrency of `--sweep`, to find its best. Then `--rounds` rounds on one server, each:
 1. interactive chats: `--streams` clients, each sending `--interactive` short streamed chats one
    after another with `--think` seconds between them, alone and then while a batch of
-   `--batch-lines` lines runs (created first and running before the chats start; cancelled
-   after them; `--beside-lines` lines): TTFT p50 / p95 and output tokens a second of the
-   chats, and the ratios with /
-   alone; how many batch lines finished meanwhile;
-2. the batch alone: the same lines as a batch, from creation to `completed`: lines and output
-   tokens a second;
-3. a client: the same requests sent streamed at each concurrency of `--sweep`; the best output
-   tokens a second, and the batch's throughput as a share of it.
+   `--beside-lines` lines runs (created first and running before the chats start; cancelled
+   after them): TTFT p50 / p95 and output tokens a second of the chats; how many batch lines
+   finished meanwhile;
+2. the batch alone, `--settle` seconds after the chats: `--batch-lines` lines, from creation to
+   `completed`: lines and output tokens a second; then the client at its best concurrency
+   sending the same requests.
+Each side of a ratio is measured next to the other in the same round, so the machine's drift
+over a run touches both alike. Reported: the ratios of each round, their median, and the ratios
+of all rounds' chats pooled (TTFT percentiles of every chat).
 
 Batch lines are chats of ~`--batch-input-len` tokens answering `--batch-output-len` tokens
 (`ignore_eos`, greedy), so every run computes as many tokens; each run has prompts of its own
@@ -63,7 +65,9 @@ def parse_args(argv: list[str] | None = None):
                    help="lines of the batch running beside the chats (cancelled after them)")
     p.add_argument("--batch-input-len", type=int, default=96)
     p.add_argument("--batch-output-len", type=int, default=64)
-    p.add_argument("--sweep", default="1,2,4,8,16", help="client concurrencies")
+    p.add_argument("--sweep", default="4,8,16",
+                   help="client concurrencies (1 and 2 were never the best: 2026-11-28)")
+    p.add_argument("--rounds", type=int, default=3, help="rounds of paired measurements")
     add(p, "seed", "request_timeout", "result_file", request_timeout=300.0)
     args = p.parse_args(argv)
     if args.quick:
@@ -73,9 +77,12 @@ def parse_args(argv: list[str] | None = None):
         args.beside_lines = 4
         args.sweep = "1,2"
         args.settle = QUIET_S
+        args.rounds = 1
     args.concurrencies = [int(c) for c in args.sweep.split(",") if c.strip()]
     if not args.concurrencies or min(args.concurrencies) < 1:
         p.error("--sweep: comma-separated concurrencies of at least 1")
+    if args.rounds < 1:
+        p.error("--rounds: at least 1")
     return args
 
 
@@ -100,14 +107,25 @@ async def interactive(base: str, model: str, args, cal: ds.Calibration, tag: str
         await asyncio.gather(*(one_client(i) for i in range(args.streams)))
     duration = time.perf_counter() - start
     done = [o for o in outs if o.ok]
-    busy = sum(o.latency for o in done)     # think time left out: tokens while a chat waits
-    return {"sent": len(outs), "completed": len(done), "duration_s": duration,
-            "ttft_p50_ms": pct_ms([o.ttft for o in done], 50),
-            "ttft_p95_ms": pct_ms([o.ttft for o in done], 95),
-            "tpot_p50_ms": pct_ms([t for o in done if (t := o.tpot) is not None], 50),
-            "output_tokens": sum(o.output_tokens for o in done),
-            "tok_s_per_chat": (sum(o.output_tokens for o in done) / busy) if busy else 0.0,
+    return {**chat_figures([o.ttft for o in done], [o.tpot for o in done if o.tpot is not None],
+                           sum(o.output_tokens for o in done), sum(o.latency for o in done)),
+            "sent": len(outs), "completed": len(done), "duration_s": duration,
             "errors": sorted({o.error for o in outs if not o.ok})}
+
+
+def chat_figures(ttfts: list[float], tpots: list[float], tokens: int, busy: float) -> dict:
+    """The chats' figures: TTFT p50 / p95, TPOT p50, output tokens a second while a chat runs
+    (think time left out: tokens while a chat waits); the TTFTs themselves, to pool rounds."""
+    return {"ttft_p50_ms": pct_ms(ttfts, 50), "ttft_p95_ms": pct_ms(ttfts, 95),
+            "tpot_p50_ms": pct_ms(tpots, 50), "output_tokens": tokens, "busy_s": busy,
+            "tok_s_per_chat": tokens / busy if busy else 0.0, "ttfts_s": ttfts, "tpots_s": tpots}
+
+
+def pooled(runs: list[dict]) -> dict:
+    """The chats of several rounds as one run."""
+    return chat_figures([t for r in runs for t in r["ttfts_s"]],
+                        [t for r in runs for t in r["tpots_s"]],
+                        sum(r["output_tokens"] for r in runs), sum(r["busy_s"] for r in runs))
 
 
 def batch_file(model: str, args, cal: ds.Calibration, tag: str,
@@ -174,16 +192,22 @@ async def batch_alone(base: str, data: bytes, args) -> dict:
             "lines_s": counts["completed"] / took, "tok_s": usage.get("output_tokens", 0) / took}
 
 
+async def client_run(base: str, model: str, args, cal: ds.Calibration, concurrency: int,
+                     tag: str) -> dict:
+    """The batch's requests (as many, as long) sent streamed by a client, `concurrency` at once."""
+    convs = ds.random_dataset(args.batch_lines, args.batch_input_len, cal, args.seed, tag)
+    report, _ = await run_workload(base, CHAT, model, convs, max_concurrency=concurrency,
+                                   output_len=args.batch_output_len, ignore_eos=True,
+                                   request_timeout=args.request_timeout, progress=False)
+    return {"tok_s": report["output_throughput"], "seconds": report["duration_s"],
+            "completed": report["completed"], "failed": report["failed"]}
+
+
 async def client_sweep(base: str, model: str, args, cal: ds.Calibration) -> dict:
     out = {}
     for c in args.concurrencies:
-        convs = ds.random_dataset(args.batch_lines, args.batch_input_len, cal, args.seed, f"client-{c}")
-        report, _ = await run_workload(base, CHAT, model, convs, max_concurrency=c,
-                                       output_len=args.batch_output_len, ignore_eos=True,
-                                       request_timeout=args.request_timeout, progress=False)
-        out[c] = {"tok_s": report["output_throughput"], "seconds": report["duration_s"],
-                  "completed": report["completed"], "failed": report["failed"]}
-        print(f"client at {c}: {report['output_throughput']:.1f} tok/s", file=sys.stderr, flush=True)
+        out[c] = await client_run(base, model, args, cal, c, f"client-{c}")
+        print(f"client at {c}: {out[c]['tok_s']:.1f} tok/s", file=sys.stderr, flush=True)
     return out
 
 
@@ -191,31 +215,57 @@ def ratio(a: float | None, b: float | None) -> float | None:
     return a / b if a is not None and b else None
 
 
+def ratios(alone: dict, beside: dict, batch: dict | None = None,
+           client: dict | None = None) -> dict:
+    out = {"ttft_p95_beside_over_alone": ratio(beside["ttft_p95_ms"], alone["ttft_p95_ms"]),
+           "ttft_p50_beside_over_alone": ratio(beside["ttft_p50_ms"], alone["ttft_p50_ms"]),
+           "chat_tok_s_beside_over_alone": ratio(beside["tok_s_per_chat"],
+                                                 alone["tok_s_per_chat"])}
+    if batch is not None and client is not None:
+        out["batch_over_best_client"] = ratio(batch["tok_s"], client["tok_s"])
+    return out
+
+
+def median_ratios(rounds: list[dict]) -> dict:
+    keys = rounds[0]["ratios"].keys()
+    return {k: float(np.median([r["ratios"][k] for r in rounds if r["ratios"][k] is not None]))
+            for k in keys}
+
+
+async def one_round(base: str, model: str, args, cal: ds.Calibration, best_c: int, r: int) -> dict:
+    alone = await interactive(base, model, args, cal, f"alone-{r}")
+    beside = await beside_batch(base, model, args, cal, batch_file(
+        model, args, cal, f"batch-beside-{r}", args.beside_lines)[0])
+    # alone: after the runner's quiet time since the last chat (server/batch/runner.py, QUIET_S)
+    await asyncio.sleep(args.settle)
+    batch = await batch_alone(base, batch_file(model, args, cal, f"batch-alone-{r}")[0], args)
+    client = await client_run(base, model, args, cal, best_c, f"client-best-{r}")
+    out = {"interactive_alone": alone, "interactive_beside_batch": beside, "batch_alone": batch,
+           "client_best": client, "ratios": ratios(alone, beside, batch, client)}
+    print(f"round {r + 1}: " + ", ".join(f"{k} {fmt(v)}" for k, v in out["ratios"].items()),
+          file=sys.stderr, flush=True)
+    return out
+
+
 async def run(base: str, args) -> dict:
     model = first_model(base)
     await warmup(base, CHAT, model, 2, args.seed)
     cal = await calibrate(base, CHAT, model, args.seed)
-    alone = await interactive(base, model, args, cal, "alone")
-    print(f"chats alone: TTFT p95 {alone['ttft_p95_ms']:.0f} ms", file=sys.stderr, flush=True)
-    beside = await beside_batch(base, model, args, cal, batch_file(model, args, cal, "batch-beside",
-                                                                   args.beside_lines)[0])
-    print(f"chats beside a batch: TTFT p95 {beside['ttft_p95_ms']:.0f} ms", file=sys.stderr, flush=True)
-    # alone: after the runner's quiet time since the last chat (server/batch/runner.py, QUIET_S)
-    await asyncio.sleep(args.settle)
-    batch = await batch_alone(base, batch_file(model, args, cal, "batch-alone")[0], args)
-    print(f"batch alone: {batch['tok_s']:.1f} tok/s", file=sys.stderr, flush=True)
     sweep = await client_sweep(base, model, args, cal)
     best_c = max(sweep, key=lambda c: sweep[c]["tok_s"])
+    rounds = [await one_round(base, model, args, cal, best_c, r) for r in range(args.rounds)]
+    alone = pooled([r["interactive_alone"] for r in rounds])
+    beside = pooled([r["interactive_beside_batch"] for r in rounds])
     return {
-        "model": model, "interactive_alone": alone, "interactive_beside_batch": beside,
-        "batch_alone": batch, "client_sweep": sweep, "best_concurrency": best_c,
-        "ratios": {
-            "ttft_p95_beside_over_alone": ratio(beside["ttft_p95_ms"], alone["ttft_p95_ms"]),
-            "ttft_p50_beside_over_alone": ratio(beside["ttft_p50_ms"], alone["ttft_p50_ms"]),
-            "chat_tok_s_beside_over_alone": ratio(beside["tok_s_per_chat"], alone["tok_s_per_chat"]),
-            "batch_over_best_client": ratio(batch["tok_s"], sweep[best_c]["tok_s"])},
-        "failed": (alone["sent"] - alone["completed"]) + (beside["sent"] - beside["completed"])
-                  + batch["failed"] + sum(s["failed"] for s in sweep.values()),
+        "model": model, "client_sweep": sweep, "best_concurrency": best_c, "rounds": rounds,
+        "pooled": {"interactive_alone": alone, "interactive_beside_batch": beside,
+                   "ratios": ratios(alone, beside)},
+        "ratios": median_ratios(rounds),
+        "failed": sum(r["interactive_alone"]["sent"] - r["interactive_alone"]["completed"]
+                      + r["interactive_beside_batch"]["sent"]
+                      - r["interactive_beside_batch"]["completed"]
+                      + r["batch_alone"]["failed"] + r["client_best"]["failed"] for r in rounds)
+                  + sum(s["failed"] for s in sweep.values()),
     }
 
 
@@ -224,24 +274,34 @@ def fmt(x: float | None, spec: str = ".2f") -> str:
 
 
 def table(r: dict, args) -> str:
-    a, b, batch, ratios = r["interactive_alone"], r["interactive_beside_batch"], r["batch_alone"], r["ratios"]
     lines = [f"batch at background priority · {r['model']} · {args.streams} chat clients × {args.interactive} "
              f"(~{args.input_len} in / {args.output_len} out, think {args.think:g} s) · beside "
              f"them a batch of {args.beside_lines} lines, alone one of {args.batch_lines} (lines "
-             f"~{args.batch_input_len} in / {args.batch_output_len} out)",
-             f"{'':28}{'TTFT p50':>10}{'TTFT p95':>10}{'tok/s a chat':>14}{'batch lines done':>18}",
-             f"{'chats alone':28}{fmt(a['ttft_p50_ms'], '.0f'):>8}ms{fmt(a['ttft_p95_ms'], '.0f'):>8}ms"
-             f"{a['tok_s_per_chat']:14.1f}{'':>18}",
-             f"{'chats beside a batch':28}{fmt(b['ttft_p50_ms'], '.0f'):>8}ms{fmt(b['ttft_p95_ms'], '.0f'):>8}ms"
-             f"{b['tok_s_per_chat']:14.1f}{b['batch_lines_done']:18d}",
-             f"ratios beside / alone: TTFT p95 {fmt(ratios['ttft_p95_beside_over_alone'])}x, "
-             f"p50 {fmt(ratios['ttft_p50_beside_over_alone'])}x, "
-             f"tok/s a chat {fmt(ratios['chat_tok_s_beside_over_alone'])}x",
-             f"batch alone: {batch['completed']} lines in {batch['seconds']:.1f} s, {batch['tok_s']:.1f} tok/s, "
-             f"{batch['lines_s']:.2f} lines/s ({batch['status']})",
-             "client: " + ", ".join(f"{c} at a time {s['tok_s']:.1f} tok/s" for c, s in r["client_sweep"].items()),
-             f"batch / best client ({r['best_concurrency']} at a time): "
-             f"{fmt(ratios['batch_over_best_client'])}x"]
+             f"~{args.batch_input_len} in / {args.batch_output_len} out) · {args.rounds} round(s)",
+             "client sweep: " + ", ".join(f"{c} at a time {s['tok_s']:.1f} tok/s"
+                                          for c, s in r["client_sweep"].items())
+             + f"; best {r['best_concurrency']}",
+             f"{'':28}{'TTFT p50':>10}{'TTFT p95':>10}{'tok/s a chat':>14}{'batch lines done':>18}"]
+    for i, rd in enumerate(r["rounds"], 1):
+        a, b, batch, c = (rd["interactive_alone"], rd["interactive_beside_batch"], rd["batch_alone"],
+                          rd["client_best"])
+        lines += [f"{f'{i}: chats alone':28}{fmt(a['ttft_p50_ms'], '.0f'):>8}ms"
+                  f"{fmt(a['ttft_p95_ms'], '.0f'):>8}ms{a['tok_s_per_chat']:14.1f}",
+                  f"{f'{i}: chats beside a batch':28}{fmt(b['ttft_p50_ms'], '.0f'):>8}ms"
+                  f"{fmt(b['ttft_p95_ms'], '.0f'):>8}ms{b['tok_s_per_chat']:14.1f}"
+                  f"{b['batch_lines_done']:18d}",
+                  f"{i}: batch alone {batch['completed']} lines in {batch['seconds']:.1f} s, "
+                  f"{batch['tok_s']:.1f} tok/s ({batch['status']}); the client at "
+                  f"{r['best_concurrency']}: {c['tok_s']:.1f} tok/s",
+                  f"{i}: ratios " + ", ".join(f"{k} {fmt(v)}x" for k, v in rd["ratios"].items())]
+    p = r["pooled"]["ratios"]
+    lines += [f"median of the rounds: TTFT p95 {fmt(r['ratios']['ttft_p95_beside_over_alone'])}x, "
+              f"p50 {fmt(r['ratios']['ttft_p50_beside_over_alone'])}x, "
+              f"tok/s a chat {fmt(r['ratios']['chat_tok_s_beside_over_alone'])}x; "
+              f"batch / best client {fmt(r['ratios']['batch_over_best_client'])}x",
+              f"every round's chats pooled: TTFT p95 {fmt(p['ttft_p95_beside_over_alone'])}x, "
+              f"p50 {fmt(p['ttft_p50_beside_over_alone'])}x, "
+              f"tok/s a chat {fmt(p['chat_tok_s_beside_over_alone'])}x"]
     return "\n".join(lines)
 
 

@@ -457,11 +457,15 @@ def test_batch_measures_chats_beside_a_batch_and_the_batch_against_a_client(tmp_
     out = tmp_path / "batch.json"
     bench("batch", "--quick", "--result-file", str(out))
     r = json.loads(out.read_text())
-    assert r["failed"] == 0
-    for run in (r["interactive_alone"], r["interactive_beside_batch"]):
+    assert r["failed"] == 0 and len(r["rounds"]) == 1
+    rd = r["rounds"][0]
+    for run in (rd["interactive_alone"], rd["interactive_beside_batch"]):
         assert run["completed"] == run["sent"] == 3 and run["ttft_p95_ms"] > 0
-    assert r["interactive_beside_batch"]["batch_lines_done"] >= 0
-    assert r["batch_alone"]["status"] == "completed" and r["batch_alone"]["completed"] == 4
-    assert r["batch_alone"]["output_tokens"] == 4 * 6          # ignore_eos: every line its 6
+    assert rd["interactive_beside_batch"]["batch_lines_done"] >= 0
+    assert rd["batch_alone"]["status"] == "completed" and rd["batch_alone"]["completed"] == 4
+    assert rd["batch_alone"]["output_tokens"] == 4 * 6          # ignore_eos: every line its 6
+    assert rd["client_best"]["completed"] == 4
     assert set(r["client_sweep"]) == {"1", "2"} and str(r["best_concurrency"]) in r["client_sweep"]
+    assert r["ratios"] == rd["ratios"] and len(r["ratios"]) == 4
     assert all(isinstance(x, float) and x > 0 for x in r["ratios"].values())
+    assert all(x > 0 for x in r["pooled"]["ratios"].values())
