@@ -8,10 +8,10 @@ off."""
 import asyncio
 import json
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from benchmarks.harness.datasets import extractive_dataset
 from engine import EngineConfig, Model, Request, SamplingParams, Worker
 from engine.llama import Context, ContextConfig
 from tests.devices import TEST_GPU_LAYERS, cpu_exact
@@ -35,6 +35,16 @@ def make_worker(model, speculative="ngram", policy="always", **overrides):
     return worker
 
 
+def on_a_thread_of_its_own(compute):
+    """compute() on a thread that ends after it. llama.cpp's threads are OpenMP's: each thread
+    that computes with 2+ threads keeps a team of them until it ends, and libgomp, once it
+    manages more threads than there are cores, makes every team wait for work by sleeping
+    instead of spinning, so every later step of this process (every worker) is ~1.5 times
+    slower. Workers end their threads when they stop; the tests' own thread must not compute."""
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(compute).result()
+
+
 def chat(model, text: str) -> list[int]:
     return model.tokenize(f"<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n",
                           add_special=False)
@@ -50,10 +60,65 @@ PARAGRAPH = ("The old lighthouse stood at the end of the harbour wall. Every eve
 COPY = f"Copy this paragraph exactly, word for word:\n\n{PARAGRAPH}"
 
 
-def extractive_prompts(model, n: int = 6) -> list[list[int]]:
-    convs = extractive_dataset()
-    picks = [convs[i] for i in (0, 8, 16, 24, 1, 9, 17, 25)][:n]   # code, text, json, quote
-    return [chat(model, c.user_turns[0]) for c in picks]
+# answers that copy text of their prompts, one of each kind of the extractive set
+# (benchmarks/data/extractive.jsonl: code, text and JSON edits, quoting answers), short: every
+# worker reads its prompts again, at ~3 ms a token
+CODE = ('''Here is a python file:
+
+```python
+def summarize_orders(orders, tax_rate):
+    """Totals per customer, with tax, skipping cancelled orders."""
+    totals = {}
+    for order in orders:
+        if order.get("status") == "cancelled":
+            continue
+        customer = order["customer"]
+        total = 0.0
+        for item in order["items"]:
+            total += item["price"] * item["quantity"]
+        total += total * tax_rate
+        totals[customer] = totals.get(customer, 0.0) + total
+    return totals
+```
+
+'''
+        "Rename the variable `total` to `running_total` everywhere. Return the function, "
+        "complete, in a code block, with no explanation.")
+TEXT = ("Paragraph to correct:\n"
+        "Each step of a context's worker thread takes new and cancelled requests from its "
+        "inbox, asks teh scheduler for a plan, applies its KV operations and runs teh batch "
+        "through llama_decode. It then samples every sequnce that produced logits, right after "
+        "its call, since the next decode overwrites them.\n\n"
+        "Fix the spelling mistakes in the paragraph and return the whole corrected paragraph, "
+        "unchanged otherwise, with nothing before or after it.")
+CONFIG = ('''This is the configuration of the billing service:
+
+```json
+{
+  "service": "billing",
+  "version": "1.18.1",
+  "listen": {"host": "0.0.0.0", "port": 8080, "tls": false},
+  "database": {"driver": "sqlite", "host": "db-9.internal", "pool_size": 11},
+  "workers": 6
+}
+```
+
+'''
+          "Edit it: set listen.port to 8443. Return the complete edited JSON in a code block "
+          "and nothing else.")
+QUOTE = ('Source:\n"""\n'
+         "Each step of a context's worker thread takes new and cancelled requests from its "
+         "inbox, asks the scheduler for a plan, applies its KV operations and runs the batch "
+         "through llama_decode. It then samples every sequence that produced logits, right "
+         "after its call, since the next decode overwrites them. Prompts are cut on a fixed "
+         'grid of sixteen tokens.\n"""\n\n'
+         "Question: Why does the worker sample right after each call?\n"
+         "Answer by quoting, word for word, the sentences of the source that answer the "
+         "question, each in double quotes, then say in one sentence what they mean.")
+
+
+def extractive_prompts(model, n: int = 4) -> list[list[int]]:
+    return [chat(model, text) for text in (CODE, TEXT, CONFIG, QUOTE)[:n]]
 
 
 async def collect(worker, prompt, **params):
@@ -124,9 +189,10 @@ def test_a_seeded_sampled_request_gives_the_same_answer_with_speculation_on_and_
     for speculative in ("off", "ngram"):
         worker = make_worker(model, speculative)
         try:
-            outs[speculative] = [
-                answers(worker, prompts, temperature=0.7, seed=11 + i, top_k=40, max_tokens=48)
-                for i in range(1)]
+            outs[speculative] = answers(worker, prompts, temperature=0.7, seed=11, top_k=40,
+                                        max_tokens=48)
+            if speculative == "ngram":   # drafts verified, some accepted, while sampling
+                assert worker.speculation.counts.accepted_tokens > 0
         finally:
             worker.stop()
     assert outs["ngram"] == outs["off"]
@@ -182,6 +248,8 @@ def test_n_choices_verify_drafts_each_on_their_own(model):
                     assert e.error is None, e.error
                     texts[e.index] += e.text
                     done += bool(e.finish_reason)
+                if speculative == "ngram":   # each choice accepted drafts of its own
+                    assert all(r.num_accepted > 0 for r in req.group)
                 return texts
             outs[speculative] = [asyncio.run(main(p)) for p in prompts]
             if speculative == "ngram":
@@ -197,31 +265,37 @@ def test_n_choices_verify_drafts_each_on_their_own(model):
 def test_a_preempted_sequence_finishes_with_its_unpreempted_answer(model, mode):
     """A low-priority answer preempted by a high-priority request mid-way (its drafts dropped,
     its KV swapped to RAM or dropped and recomputed as a prompt) finishes with the answer it
-    gives unpreempted, with speculation on and off."""
-    bulk_prompt, vip_prompt = extractive_prompts(model, 2)
+    gives unpreempted, with speculation on and off. The bulk answer copies its prompt: with
+    speculation it has accepted drafts before it is preempted and accepts more after."""
+    bulk_prompt, vip_prompt = chat(model, COPY), chat(model, "Name three colours.")
     outs = {}
     for speculative in ("off", "ngram"):
         worker = make_worker(model, speculative, scheduler="priority", max_seqs=1,
                              preemption=mode, prefix_caching=False)
         try:
-            alone = run_all(worker, [bulk_prompt], max_tokens=48)[0][:3]
+            if speculative == "off":   # the unpreempted answer (the same with "ngram": below)
+                alone = run_all(worker, [bulk_prompt], max_tokens=64)[0][:3]
 
             async def main():
-                bulk = asyncio.ensure_future(collect(worker, bulk_prompt, max_tokens=48,
+                bulk = asyncio.ensure_future(collect(worker, bulk_prompt, max_tokens=64,
                                                      priority=10))
                 deadline = time.monotonic() + 60
                 while not worker.scheduler.running or worker.scheduler.running[0].num_output < 12:
                     assert not bulk.done() and time.monotonic() < deadline, "bulk never ran"
                     await asyncio.sleep(0.002)
+                accepted = worker.scheduler.running[0].owner.num_accepted
                 vip = await collect(worker, vip_prompt, max_tokens=8, priority=0)
-                return (await bulk)[:3], vip[:3]
-            preempted, vip = asyncio.run(main())
+                bulk = await bulk
+                return bulk[:3], vip[:3], accepted, bulk[-1].num_accepted
+            preempted, vip, accepted_before, accepted = asyncio.run(main())
             assert worker.scheduler.num_preemptions >= 1
-            outs[speculative] = (alone, preempted, vip)
+            if speculative == "ngram":
+                assert 0 < accepted_before < accepted
+            outs[speculative] = (preempted, vip)
         finally:
             worker.stop()
     assert outs["ngram"] == outs["off"]
-    assert outs["ngram"][0] == outs["ngram"][1]
+    assert outs["ngram"][0] == alone
 
 
 def test_the_default_policy_drafts_and_accepts_where_an_answer_copies_its_prompt(model):
@@ -302,7 +376,7 @@ def test_a_verification_piece_computes_what_decoding_computes_except_with_plain_
     ctx = Context(model, ContextConfig(n_ctx=512, n_seq_max=1, n_batch=64, n_threads=2,
                                        kv_unified=False, flash_attn=flash_attn, kv_type=kv_type))
     try:
-        assert ctx.pieces_match_decoding() == exact
+        assert on_a_thread_of_its_own(ctx.pieces_match_decoding) == exact
     finally:
         ctx.close()
     worker = make_worker(model, flash_attn=flash_attn, kv_type=kv_type)
@@ -329,8 +403,11 @@ def test_the_probe_runs_once_per_model_file_and_kernel_and_is_kept_on_disk(model
         calls.append(self.config.kv_type)
         return probe(self, *args, **kwargs)
     monkeypatch.setattr(Context, "pieces_match_decoding", counted)
+
+    def make(kv_type):   # drafts of 1 token: the probe's shortest form, one piece length
+        return make_worker(model, flash_attn=True, kv_type=kv_type, max_draft=1)
     for kv_type, probes in (("f16", 1), ("f16", 1), ("q8_0", 2)):
-        worker = make_worker(model, flash_attn=True, kv_type=kv_type)
+        worker = make(kv_type)
         try:
             assert worker.speculative and len(calls) == probes
         finally:
@@ -342,7 +419,7 @@ def test_the_probe_runs_once_per_model_file_and_kernel_and_is_kept_on_disk(model
         monkeypatch.setattr(speculation, "_probed", {})
         if contents is not None:
             (tmp_path / speculation.PROBE_FILE).write_text(contents)
-        worker = make_worker(model, flash_attn=True, kv_type="f16")
+        worker = make("f16")
         try:
             assert worker.speculative and len(calls) == probes
         finally:
@@ -350,8 +427,8 @@ def test_the_probe_runs_once_per_model_file_and_kernel_and_is_kept_on_disk(model
 
 
 def test_health_metrics_and_stats_show_speculation():
-    """/health names the mode and the bound; with the default policy, answers that copy their
-    prompts move /metrics' vLLM counters, whose values agree with /stats and with each other
+    """/health names the mode and the bound; with the default policy, an answer that copies its
+    prompt moves /metrics' vLLM counters, whose values agree with /stats and with each other
     (a token accepted at position i was accepted at every position before it)."""
     import httpx
     from prometheus_client.parser import text_string_to_metric_families
@@ -366,22 +443,22 @@ def test_health_metrics_and_stats_show_speculation():
         p = "pagedllama:spec_decode_"
         return (samples[(p + "num_drafts_total", None)], samples[(p + "num_draft_tokens_total", None)],
                 samples[(p + "num_accepted_tokens_total", None)],
-                [samples[(p + "num_accepted_tokens_per_pos_total", str(i))] for i in range(5)])
+                [samples[(p + "num_accepted_tokens_per_pos_total", str(i))] for i in range(6)])
 
-    convs = extractive_dataset()
-    env = {"PAGEDLLAMA_SPECULATIVE": "ngram", "PAGEDLLAMA_MAX_DRAFT": "5"}   # adaptive policy
+    # the adaptive policy; make_worker's bound, whose probe answer this process has on disk (the
+    # server does not probe again)
+    env = {"PAGEDLLAMA_SPECULATIVE": "ngram", "PAGEDLLAMA_MAX_DRAFT": "6"}
     with running_server(env) as base:
         _, drafted_before, accepted_before, _ = counters(base)
-        for text, max_tokens in [(COPY, 120)] + [(c.user_turns[0], 60) for c in convs[:2]]:
-            r = httpx.post(f"{base}/v1/chat/completions", timeout=300, json={
-                "model": SMOLLM2_NAME, "max_tokens": max_tokens, "temperature": 0,
-                "messages": [{"role": "user", "content": text}]})
-            assert r.status_code == 200, r.text
+        r = httpx.post(f"{base}/v1/chat/completions", timeout=300, json={
+            "model": SMOLLM2_NAME, "max_tokens": 120, "temperature": 0,
+            "messages": [{"role": "user", "content": COPY}]})
+        assert r.status_code == 200, r.text
         health = httpx.get(f"{base}/health", timeout=10).json()["models"][SMOLLM2_NAME]
-        assert health["speculative"] == "ngram" and health["max_draft"] == 5
+        assert health["speculative"] == "ngram" and health["max_draft"] == 6
         stats = httpx.get(f"{base}/stats", timeout=10).json()
         drafts, drafted, accepted, per_pos = counters(base)
     assert drafted > drafted_before and accepted > accepted_before
     assert drafted == stats["spec_draft_tokens"] and accepted == stats["spec_accepted_tokens"]
-    assert 0 < accepted <= drafted <= 5 * drafts and sum(per_pos) == accepted
+    assert 0 < accepted <= drafted <= 6 * drafts and sum(per_pos) == accepted
     assert per_pos == sorted(per_pos, reverse=True) and per_pos[0] <= drafts
