@@ -1,5 +1,25 @@
 """Helpers for tests that drive a real Worker in-process."""
 import asyncio
+import functools
+from concurrent.futures import ThreadPoolExecutor
+
+
+def on_a_thread_of_its_own(compute):
+    """compute() on a thread that ends after it. llama.cpp's threads are OpenMP's: each thread
+    that computes with 2+ threads keeps a team of them until it ends, and libgomp, once it
+    manages more threads than there are cores, makes every team wait for work by sleeping
+    instead of spinning, so every later step of this process (every worker) is ~1.5 times
+    slower. Workers end their threads when they stop; the tests' own thread must not compute."""
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(compute).result()
+
+
+def computes_on_a_thread_of_its_own(test):
+    """A test that computes with llama.cpp contexts of its own, run on_a_thread_of_its_own."""
+    @functools.wraps(test)
+    def run(*args, **kwargs):
+        return on_a_thread_of_its_own(lambda: test(*args, **kwargs))
+    return run
 
 
 def idle(worker) -> None:

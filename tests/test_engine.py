@@ -9,7 +9,7 @@ from engine import EngineConfig, Model, Request, SamplingParams, Worker
 from engine.llama import Attention
 from scheduler.sequence import BACKGROUND
 from tests.devices import TEST_GPU_LAYERS, cpu_exact
-from tests.engine_helpers import assert_books_match_kv, idle
+from tests.engine_helpers import assert_books_match_kv, computes_on_a_thread_of_its_own, idle
 from tests.server_proc import GEMMA3, SMOLLM2
 
 SYSTEM = ("You are a meticulous assistant. Answer briefly, cite facts, avoid speculation, and "
@@ -378,6 +378,7 @@ def next_logits_of_first(ctx, prompts, seqs):
 @cpu_exact
 @pytest.mark.parametrize("flash_attn", [False, True], ids=["plain", "flash"])
 @pytest.mark.parametrize("path", [SMOLLM2, GEMMA3], ids=["smollm2-q4_1", "gemma3-q4_k_m"])
+@computes_on_a_thread_of_its_own
 def test_logits_do_not_depend_on_how_many_sequences_decode_beside(path, flash_attn):
     """Bitwise the same logits for a sequence decoded alone and beside 1 to 15 others. 4 rows:
     llama.cpp's repacked weight layouts switch from a row-by-row kernel to a 4-row one there,
@@ -422,6 +423,7 @@ def test_logits_do_not_depend_on_how_many_sequences_decode_beside(path, flash_at
     ids=["plain", "flash-f16-row-invariant", "flash-f16-reference", "flash-q8_0",
          "flash-f16-ggml-default"])
 @cpu_exact
+@computes_on_a_thread_of_its_own
 def test_logits_do_not_depend_on_the_batch_or_the_thread_count(model, flash_attn, kv_type, path):
     """A sequence's logits must be bitwise the same decoded alone, beside other sequences, and
     with 1 or 2 threads, also past 512 tokens of context. Flash attention is exact on the
@@ -496,6 +498,7 @@ def test_each_context_finds_its_own_cpu_backend(model):
 
 
 @cpu_exact
+@computes_on_a_thread_of_its_own
 def test_flash_attention_computes_every_cut_of_a_prompt_alike(model):
     """Why prefix hits may end on any token and the scheduler may merge prompt cells into one
     piece with flash attention too: a prompt computed in pieces of 2 or more tokens, however

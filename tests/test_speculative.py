@@ -8,14 +8,13 @@ off."""
 import asyncio
 import json
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 from engine import EngineConfig, Model, Request, SamplingParams, Worker
 from engine.llama import Context, ContextConfig
 from tests.devices import TEST_GPU_LAYERS, cpu_exact
-from tests.engine_helpers import assert_books_match_kv, idle
+from tests.engine_helpers import assert_books_match_kv, idle, on_a_thread_of_its_own
 from tests.server_proc import SMOLLM2
 
 
@@ -33,16 +32,6 @@ def make_worker(model, speculative="ngram", policy="always", **overrides):
     worker = Worker("test", model, EngineConfig(**cfg))
     worker.start()
     return worker
-
-
-def on_a_thread_of_its_own(compute):
-    """compute() on a thread that ends after it. llama.cpp's threads are OpenMP's: each thread
-    that computes with 2+ threads keeps a team of them until it ends, and libgomp, once it
-    manages more threads than there are cores, makes every team wait for work by sleeping
-    instead of spinning, so every later step of this process (every worker) is ~1.5 times
-    slower. Workers end their threads when they stop; the tests' own thread must not compute."""
-    with ThreadPoolExecutor(1) as pool:
-        return pool.submit(compute).result()
 
 
 def chat(model, text: str) -> list[int]:
