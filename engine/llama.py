@@ -492,6 +492,11 @@ class Context:
             _stoppable.on = False
             C.llama_set_abort_callback(self.ptr, _NO_CALLBACK, None)
 
+    @property
+    def can_stop(self) -> bool:
+        """Whether a stoppable decode stops when asked: on the CPU, where libc was found."""
+        return _STOP_CALLBACK is not None and not self.model.on_gpu
+
     def request_stop(self) -> None:
         """Stop the stoppable decode running now, or the next one (any thread may call it)."""
         self._stop[0] = b"x"

@@ -119,7 +119,8 @@ class Worker:
             step_target_s=config.step_target_ms / 1000, max_step_tokens=config.step_tokens,
             max_swapped_tokens=config.max_swapped_tokens,
             max_draft=config.max_draft if self.speculative else 0,
-            draft_always=config.spec_policy == "always")
+            draft_always=config.spec_policy == "always",
+            background_stops=self.context.can_stop)
         self.max_seq_len = min(config.n_ctx, self.context.n_ctx_seq)
         self.speculation = Speculation(config, self.scheduler, self.speculative, self.max_seq_len)
         self.output = Output(name, model, self.context, self.scheduler, self.speculation,

@@ -36,14 +36,21 @@ Background work (priority BACKGROUND: Batch API lines) comes after everything el
 policy's order, whatever the policy: it is admitted last, preempted first, and a waiting
 foreground sequence may preempt it. While any foreground sequence is running or waiting, a
 step plans nothing for background sequences: they are paused where they are (their KV and seq
-ids kept), so the foreground streams get every step at the cost they have alone; and while
-background work runs alone its steps stay short (prompt tokens within BACKGROUND_STEP_S, one
-grid cell at least; no waves), and a client's request arriving stops the step running
+ids kept), so the foreground streams get every step at the cost they have alone. While
+background work runs alone, a client's request arriving stops the step running
 (engine/worker.py; the step's pieces are planned again: `stopped`), so it waits for no
-background step at all.
+background step (`background_stops`; where that cannot happen, a context on a GPU, it waits for
+one short step at most). Background steps are short (prompt tokens within BACKGROUND_STEP_S,
+one grid cell at least; no waves) while clients' requests come and go: a long step would be
+stopped by the next request before it ends, and the work lost each time (a batch beside short
+chats then made no progress at all). Once no client's request has run or waited for
+BACKGROUND_QUIET_S, background work alone is planned as a client's requests are: lines that
+start together are a wave, computed whole and decoded in step (short steps cost a batch alone
+~15 % of its speed: more steps, each with several llama.cpp calls with split KV).
 """
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 
@@ -80,8 +87,13 @@ class Chunk:
         return self.seq.piece(self.start, self.end)
 
 
-# While background work runs alone, a step's prompt tokens fit this many seconds (module doc).
+# While background work runs alone and cannot be stopped, a step's prompt tokens fit this many
+# seconds (module doc).
 BACKGROUND_STEP_S = 0.1
+
+# Background work alone is planned as a client's (waves, the step target) once no client's
+# request has run or waited for this many seconds (module doc).
+BACKGROUND_QUIET_S = 2.0
 
 # A wave: prompts wanting computing at least this many times the decoding streams (module doc).
 WAVE_RATIO = 2.0
@@ -121,7 +133,8 @@ class Scheduler:
                  max_step_tokens: int | None = None, max_swapped_tokens: int | None = None,
                  wave_ratio: float = WAVE_RATIO,
                  few_decoding: int = FEW_DECODING, finish_piece: int = FINISH_PIECE,
-                 max_draft: int = 0, draft_always: bool = False):
+                 max_draft: int = 0, draft_always: bool = False,
+                 background_stops: bool = False):
         if max_batch_tokens < max_seqs + manager.prefill_chunk:
             raise ValueError(f"max_batch_tokens ({max_batch_tokens}) must be at least max_seqs "
                              f"({max_seqs}) + prefill chunk ({manager.prefill_chunk})")
@@ -148,6 +161,10 @@ class Scheduler:
         self.lending: dict[Sequence, set[Sequence]] = {}   # prompt done -> prompts it waits on
         self.num_preemptions = 0
         self.paused = False   # background sequences wait this step (module doc)
+        # a client's request stops a step of background work alone (module doc): such steps
+        # need not be short
+        self.background_stops = background_stops
+        self.foreground_at = -math.inf   # when a client's request last ran or waited
 
     def order(self, seq: Sequence) -> tuple:
         """The policy's key, background work last (module doc)."""
@@ -215,23 +232,28 @@ class Scheduler:
         return any(not s.background for s in (*self.running, *self.waiting))
 
     def schedule(self, now: float | None = None) -> StepPlan:
-        self._expire(time.monotonic() if now is None else now)
+        now = time.monotonic() if now is None else now
+        self._expire(now)
         plan = StepPlan()
         self.running.sort(key=self.order)
         self.paused = self.background_waits()
+        if self.paused:
+            self.foreground_at = now
         for seq in [s for s in self.running if s.is_decoding]:
             if seq.status is Status.RUNNING and not (self.paused and seq.background):
                 self._plan(seq, 1, plan)
         self._plan_drafts(plan)
         background = plan.background = not self.paused and self.has_work()   # (module doc)
-        plan.wave = not background and self.is_wave(len(plan.chunks))
+        short = background and (not self.background_stops
+                                or now - self.foreground_at < BACKGROUND_QUIET_S)
+        plan.wave = not short and self.is_wave(len(plan.chunks))
         plan.budget = self.wave_batch_tokens if plan.wave else self.max_batch_tokens
-        if background:   # short steps: foreground work arriving waits for one of them at most
+        if short:   # short steps: foreground work arriving waits for one of them at most
             timed = self.costs.prompt_tokens_within(BACKGROUND_STEP_S, bool(plan.chunks))
             plan.allowance = max(self.manager.prefill_chunk, timed or 0)
         elif not plan.wave:
             plan.allowance = self._prefill_allowance(plan)
-        if plan.allowance is not None and not background:   # a step may grow to the target
+        if plan.allowance is not None and not short:   # a step may grow to the target
             plan.budget = max(plan.budget, min(self.max_step_tokens,
                                                plan.num_tokens + plan.allowance))
             if len(plan.chunks) <= self.few_decoding:

@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 from kvcache import BlockManager, RestoreOp, SaveOp
 from scheduler import Scheduler, Sequence, Status, make_policy
+from scheduler.scheduler import BACKGROUND_QUIET_S
 from scheduler.sequence import BACKGROUND
 from tests.fakes import FakeKV
 
@@ -691,6 +692,31 @@ def test_a_wave_of_prompts_arriving_together_is_computed_in_one_step_and_decodes
     assert [(c.seq, c.start, c.end) for c in plan.chunks] == [(s, 0, 10) for s in wave]
     plan = step(sched, kv)                       # now they decode: one token each, in step
     assert [(c.seq, c.end - c.start) for c in plan.chunks] == [(s, 1) for s in wave]
+
+
+@pytest.mark.parametrize("stops,quiet", [(False, 10.0), (True, 10.0), (True, 1.0)])
+def test_background_lines_arriving_together_are_a_wave_once_clients_are_quiet(stops, quiet):
+    """Where a client's request stops a background step (a CPU context), background work alone
+    is planned as a client's once no client's request has run for BACKGROUND_QUIET_S: lines
+    that start together are a wave, computed in one step and decoded in step, as a client's
+    requests are. Sooner after a client's request, or where steps cannot be stopped, its steps
+    stay short."""
+    sched, kv = _wave_sched()
+    sched.background_stops = stops
+    chat = seq(3, max_tokens=1, base=5000)
+    sched.add(chat)
+    step(sched, kv, now=100.0)
+    assert chat.status is Status.FINISHED
+    lines = [seq(10, max_tokens=5, priority=BACKGROUND, base=100 * i) for i in range(5)]
+    for line in lines:
+        sched.add(line)
+    plan = step(sched, kv, now=100.0 + quiet)
+    wave = stops and quiet >= BACKGROUND_QUIET_S
+    assert plan.background and plan.wave == wave
+    if wave:
+        assert [(c.seq, c.start, c.end) for c in plan.chunks] == [(s, 0, 10) for s in lines]
+    else:
+        assert plan.num_prompt_tokens <= BS
 
 
 def test_without_waves_the_same_prompts_spread_over_steps():
