@@ -37,10 +37,10 @@ def inject(workers: list[Worker]) -> None:
 def _fail_once(worker: Worker, nth: set[int]) -> None:
     decode, calls = worker.context.decode, 0
 
-    def decode_or_fail(pieces):
+    def decode_or_fail(pieces, stoppable=False):
         nonlocal calls
         calls += 1
-        return -1 if calls in nth else decode(pieces)
+        return -1 if calls in nth else decode(pieces, stoppable)
     worker.context.decode = decode_or_fail
 
 
