@@ -40,30 +40,36 @@ class ChatTemplate:
         self.thinks = "</think>" in source
 
     def render(self, messages: list[dict], add_generation_prompt: bool = True,
-               continue_final_message: bool = False, tools: list[dict] | None = None) -> str:
+               continue_final_message: bool = False, tools: list[dict] | None = None,
+               tools_first: bool = True) -> str:
         """The prompt text. `continue_final_message` (vLLM's assistant prefill): the last
         message is left open, so the model continues its text instead of starting a new turn.
-        `tools` (OpenAI's shape) go to the template as its `tools` variable."""
+        `tools` (OpenAI's shape) go to the template as its `tools` variable; `tools_first` as
+        its `tools_first` variable (read by the templates of engine/templates that render tools:
+        the tools before the system text)."""
         if continue_final_message:
-            return self._render_open(messages, tools)
-        return self._render(messages, add_generation_prompt, tools)
+            return self._render_open(messages, tools, tools_first)
+        return self._render(messages, add_generation_prompt, tools, tools_first)
 
-    def _render_open(self, messages: list[dict], tools: list[dict] | None) -> str:
+    def _render_open(self, messages: list[dict], tools: list[dict] | None,
+                     tools_first: bool) -> str:
         if not messages or messages[-1].get("role") != "assistant":
             raise ChatTemplateError("continue_final_message needs an assistant message last")
-        text, final = self._render(messages, False, tools), messages[-1].get("content") or ""
+        text = self._render(messages, False, tools, tools_first)
+        final = messages[-1].get("content") or ""
         end = text.rfind(final) if final else -1
         if end < 0:
             raise ChatTemplateError("the chat template does not show the final message's text")
         return text[:end + len(final)]
 
     def _render(self, messages: list[dict], add_generation_prompt: bool,
-                tools: list[dict] | None) -> str:
+                tools: list[dict] | None, tools_first: bool = True) -> str:
         extra = {"tools": tools} if tools else {}   # templates test `tools is defined`
         try:
             return self.template.render(messages=messages,
                                         add_generation_prompt=add_generation_prompt,
-                                        bos_token=self.bos_token, eos_token=self.eos_token, **extra)
+                                        bos_token=self.bos_token, eos_token=self.eos_token,
+                                        tools_first=tools_first, **extra)
         except ChatTemplateError:
             raise
         except (TemplateError, TypeError, KeyError) as exc:

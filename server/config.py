@@ -82,6 +82,7 @@ class Settings:
     load_timeout: float = 300.0             # seconds a request waits for its model to load
     beyond_trained: bool = False            # n_ctx may exceed the model's trained context
     max_output: int | None = None           # most tokens one answer may have (llama-server's -n)
+    tools_first: bool = True                # tool definitions before the system text (prompts)
     batch: BatchSettings = field(default_factory=BatchSettings)
     cache: CacheSettings = field(default_factory=CacheSettings)
 
@@ -185,8 +186,8 @@ def load_settings() -> Settings:
                     edge_from_env(models, batch), int(_env("MAX_N", "8")),
                     _flag("ELASTIC_THREADS", True), _flag("REPACK_WEIGHTS", False),
                     budget, source, float(_env("LOAD_TIMEOUT", "300")),
-                    _flag("N_CTX_BEYOND_TRAINED", False), _int_or_none("MAX_OUTPUT"), batch,
-                    cache_from_env())
+                    _flag("N_CTX_BEYOND_TRAINED", False), _int_or_none("MAX_OUTPUT"),
+                    _flag("TOOLS_FIRST", True), batch, cache_from_env())
 
 
 def cache_from_env() -> CacheSettings:

@@ -12,6 +12,15 @@ assistant's `tool_calls` in the tagged format and a `tool` message as a user tur
 with a grammar built from the functions' parameter schemas (of a schema with keywords the
 grammar cannot enforce, what it can: `Function.enforced`), so the arguments always parse;
 "auto" leaves the model free and parses what it wrote; "none" does not show the tools.
+
+Prompt order is a cache decision: an agent resends the same tool definitions in every session,
+while its system text names the session's folder, date or memory path early on. So the tools
+come first (`tools_first`, PAGEDLLAMA_TOOLS_FIRST, on by default), then the system text, as
+Anthropic orders a prompt (tools, system, messages): a new session's prompt then shares the
+whole tool section with the last one's, in the prefix cache. The fallback format puts the tool
+description at the head of the system message; a template of engine/templates that renders
+tools reads the same choice as its `tools_first` variable; a model's own template keeps its
+order (docs/agents.md, "Prompt order and new sessions").
 """
 from __future__ import annotations
 
@@ -102,12 +111,13 @@ def system_text(use: ToolUse) -> str:
     return "\n".join(lines)
 
 
-def prompt_input(messages: list[dict], use: ToolUse,
-                 native: bool) -> tuple[list[dict], list[dict] | None]:
+def prompt_input(messages: list[dict], use: ToolUse, native: bool,
+                 tools_first: bool = True) -> tuple[list[dict], list[dict] | None]:
     """The messages and the chat template's `tools`: `native` (the template knows tools) passes
-    the tools and the history to the template, else the fallback renders them as text."""
+    the tools and the history to the template, else the fallback renders them as text, ahead of
+    the system text when `tools_first`."""
     if not native:
-        return render_messages(messages, use), None
+        return render_messages(messages, use, tools_first), None
     tools = [{"type": "function", "function": {"name": f.name, "description": f.description,
                                                "parameters": f.parameters}}
              for f in use.functions] if use.active else None
@@ -139,14 +149,17 @@ def _arguments(text: Any) -> Any:
         return text
 
 
-def render_messages(messages: list[dict], use: ToolUse) -> list[dict]:
-    """Messages in the fallback format: tools in the system message, calls and results as text."""
+def render_messages(messages: list[dict], use: ToolUse, tools_first: bool = True) -> list[dict]:
+    """Messages in the fallback format: tools in the system message (before its text when
+    `tools_first`, else after it), calls and results as text."""
     out = [_render(m) for m in messages]
     if not use.active:
         return out
     tools = system_text(use)
     if out and out[0]["role"] in ("system", "developer"):
-        return [{**out[0], "content": f"{out[0]['content']}\n\n{tools}"}] + out[1:]
+        head, text = out[0], out[0].get("content") or ""
+        joined = f"{tools}\n\n{text}" if tools_first else f"{text}\n\n{tools}"
+        return [{**head, "content": joined if text else tools}] + out[1:]
     return [{"role": "system", "content": tools}] + out
 
 

@@ -193,9 +193,7 @@ class Service:
         if lm.template is None:
             raise APIError(400, f"The model '{lm.name}' has no chat template in its GGUF file; "
                            "use /v1/completions with a plain prompt", "no_chat_template")
-        tools = None
-        if use is not None:
-            messages, tools = prompt_input(messages, use, lm.template.knows_tools)
+        messages, tools = self._tool_input(lm, messages, use)
         if len(messages) >= lm.max_seq_len:   # every message renders to a token at least
             raise _too_long(lm.max_seq_len, len(messages), max_tokens, param)
         cost = _text_size([messages, tools]) + 32 * len(messages)
@@ -207,11 +205,16 @@ class Service:
                           prefill: bool, no_thinking: bool = False) -> int:
         """A chat prompt's length in tokens, rendered and tokenized here (on a prompt-pool
         thread: called from work that `prepare` runs)."""
-        tools = None
-        if use is not None:
-            messages, tools = prompt_input(messages, use, lm.template.knows_tools)
+        messages, tools = self._tool_input(lm, messages, use)
         return len(self._render_and_tokenize(lm, messages, None, not prefill, prefill, tools,
                                              no_thinking=no_thinking))
+
+    def _tool_input(self, lm: LoadedModel, messages: list[dict],
+                    use: ToolUse | None) -> tuple[list[dict], list[dict] | None]:
+        """The messages and the template's `tools` for a request's tools (none: as they are)."""
+        if use is None:
+            return messages, None
+        return prompt_input(messages, use, lm.template.knows_tools, self.settings.tools_first)
 
     async def text_prompt(self, lm: LoadedModel, text: str, max_tokens: int | None,
                           http: HTTPRequest) -> list[int]:
@@ -225,7 +228,7 @@ class Service:
         """On a prompt-pool thread."""
         try:
             text = lm.template.render(messages, add_generation_prompt, continue_final_message,
-                                      tools)
+                                      tools, self.settings.tools_first)
         except ChatTemplateError as exc:
             raise APIError(400, str(exc), "chat_template_error", "messages") from exc
         opens = lm.template.thinks and text.rstrip().endswith("<think>")
