@@ -7,6 +7,13 @@ agent sent and what the prefix cache did with it:
     python -m benchmarks.agents                              # all three, 3 turns, our server
     python -m benchmarks.agents --agents claude --turns 2 --url http://127.0.0.1:8000
     python -m benchmarks.agents --record tests/fixtures/agents   # keep the request bodies
+    python -m benchmarks.agents --new-session                # session A, a restart, session B
+
+`--new-session` runs what a user meets when starting an agent again: for each agent, session A
+in one folder, the server restarted (the prefix cache's disk tier kept), then session B in
+another folder with the same home; per request it prints the prompt, the tokens read from the
+cache, the tier they came from (`cached_from`, from the server's request log) and TTFT, and
+compares session B's first request with session A's, which was computed cold.
 
 Per request: the agent, the turn, the route, the prompt tokens, those read from the cache, TTFT
 (time to the first answer event), total time and the HTTP status; per turn, the CLI's exit code.
@@ -21,6 +28,7 @@ import argparse
 import asyncio
 import json
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -74,6 +82,8 @@ class Exchange:
     total: float = 0.0
     body: dict | None = None
     headers: dict = field(default_factory=dict)
+    session: str = ""                 # --new-session: "A" or "B"
+    cached_from: str | None = None    # the tier the cached tokens came from (the server's log)
 
 
 @dataclass
@@ -81,6 +91,7 @@ class Recorder:
     upstream: str
     agent: str = ""
     turn: int = 0
+    session: str = ""
     exchanges: list[Exchange] = field(default_factory=list)
     max_tokens: int | None = None   # bodies forwarded with at most this many output tokens
     flatten_tools: bool = False     # Responses tools sent as the functions our server offers
@@ -152,7 +163,7 @@ def proxy_app(rec: Recorder) -> FastAPI:
     @app.api_route("/{path:path}", methods=["GET", "POST", "HEAD", "DELETE", "PUT"])
     async def forward(path: str, http: HTTPRequest):
         raw = await http.body()
-        ex = Exchange(rec.agent, rec.turn, http.method, "/" + path)
+        ex = Exchange(rec.agent, rec.turn, http.method, "/" + path, session=rec.session)
         try:
             ex.body = json.loads(raw) if raw else None
         except ValueError:
@@ -296,7 +307,6 @@ class TurnResult:
 
 def run_agent(agent: str, rec: Recorder, base: str, model: str, turns: int,
               timeout: float) -> list[TurnResult]:
-    results = []
     # one fixed place per agent, made anew: the prompt names the working directory, so a run
     # in the place of the last one finds its prompt cached, as a user's next session does
     place = Path(tempfile.gettempdir()) / "pagedllama-agents" / agent
@@ -304,21 +314,118 @@ def run_agent(agent: str, rec: Recorder, base: str, model: str, turns: int,
     try:
         home = place / "home"
         home.mkdir(parents=True)
-        repo = scratch_repo(place)
-        for turn in range(1, turns + 1):
-            rec.agent, rec.turn = agent, turn
-            cmd, env = command(agent, base, model, home, turn, TURNS[(turn - 1) % len(TURNS)])
-            t0 = time.monotonic()
-            try:
-                done = subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True,
-                                      timeout=timeout, stdin=subprocess.DEVNULL)
-                code, output = done.returncode, (done.stdout + done.stderr)
-            except subprocess.TimeoutExpired as exc:
-                code, output = 124, str(exc.stdout or "")
-            results.append(TurnResult(agent, turn, code, time.monotonic() - t0, output.strip()))
+        return run_session(agent, rec, base, model, turns, timeout, home, scratch_repo(place))
     finally:
         shutil.rmtree(place, ignore_errors=True)
+
+
+def run_session(agent: str, rec: Recorder, base: str, model: str, turns: int, timeout: float,
+                home: Path, repo: Path) -> list[TurnResult]:
+    """`turns` turns of one agent session in `repo`, with `home` as its home directory."""
+    results = []
+    for turn in range(1, turns + 1):
+        rec.agent, rec.turn = agent, turn
+        cmd, env = command(agent, base, model, home, turn, TURNS[(turn - 1) % len(TURNS)])
+        t0 = time.monotonic()
+        try:
+            done = subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True,
+                                  timeout=timeout, stdin=subprocess.DEVNULL)
+            code, output = done.returncode, (done.stdout + done.stderr)
+        except subprocess.TimeoutExpired as exc:
+            code, output = 124, str(exc.stdout or "")
+        results.append(TurnResult(agent, turn, code, time.monotonic() - t0, output.strip()))
     return results
+
+
+# ---- a new session after a restart -------------------------------------------------------------
+LOG_LINE = re.compile(r"POST (\S+) \w+ model=\S+ prompt=(\d+) cached=(\d+)"
+                      r"(?: cached_from=(\w+))?")
+
+
+def tiers_from_log(log: str, exchanges: list[Exchange]) -> None:
+    """Each exchange's `cached_from`, from the server's request log lines (matched by route,
+    prompt and cached tokens, in order)."""
+    lines = [(m.group(1), int(m.group(2)), int(m.group(3)), m.group(4) or "kv")
+             for m in LOG_LINE.finditer(log)]
+    for ex in exchanges:
+        for i, (path, prompt, cached, tier) in enumerate(lines):
+            if path == ex.path.split("?")[0] and prompt == ex.prompt and cached == ex.cached:
+                ex.cached_from = tier if cached else None
+                del lines[i]
+                break
+
+
+def new_sessions(args, agents: list[str], ap) -> tuple[list[Exchange], list[TurnResult]]:
+    """Per agent: session A in one folder, a restart, session B in another folder (same home),
+    on our server with a disk tier of its own for the run."""
+    cache = Path(tempfile.mkdtemp(prefix="agents-prefix-"))
+    args.env = list(args.env) + [f"PAGEDLLAMA_CACHE_DIR={cache}"]
+    root = Path(tempfile.mkdtemp(prefix="pagedllama-sessions-"))
+    exchanges: list[Exchange] = []
+    turns: list[TurnResult] = []
+    try:
+        for agent in agents:
+            home = root / agent / "home"
+            home.mkdir(parents=True)
+            for label, folder in (("A", "project-a"), ("B", "project-b")):
+                repo = scratch_repo(root / agent / folder)
+                logs = tempfile.mkdtemp(prefix="agents-log-")
+                with ExitStack() as stack:
+                    url = stack.enter_context(_launch("ours", args, ap, logs))
+                    model = httpx.get(f"{url}/v1/models").json()["data"][0]["id"]
+                    rec = Recorder(url, session=label)
+                    base = stack.enter_context(Proxy(rec))
+                    turns += run_session(agent, rec, base, model, args.turns, args.timeout,
+                                         home, repo)
+                tiers_from_log("".join(p.read_text(errors="replace")
+                                       for p in Path(logs).glob("*.log")), rec.exchanges)
+                exchanges += rec.exchanges
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+        shutil.rmtree(cache, ignore_errors=True)
+    return exchanges, turns
+
+
+def report_sessions(exchanges: list[Exchange], agents: list[str]) -> dict:
+    print(f"{'agent':9} {'sess':>4} {'turn':>4} {'route':22} {'status':>6} {'prompt':>7} "
+          f"{'cached':>7} {'cached%':>7} {'from':>5} {'ttft s':>8}")
+    for ex in exchanges:
+        if ex.method != "POST":
+            continue
+        share = (f"{100 * ex.cached / ex.prompt:.1f}" if ex.prompt and ex.cached is not None
+                 else "-")
+        print(f"{ex.agent:9} {ex.session:>4} {ex.turn:>4} {ex.path[:22]:22} {ex.status:>6} "
+              f"{_n(ex.prompt):>7} {_n(ex.cached):>7} {share:>7} {ex.cached_from or '-':>5} "
+              f"{_s(ex.ttft):>8}")
+    summary: dict = {"agents": []}
+    print("\nEach session's main request (its first with the full prompt), B against A (cold):")
+    for agent in agents:
+        a, b = (main_request([e for e in exchanges if e.agent == agent and e.session == label])
+                for label in ("A", "B"))
+        if a is None or b is None or not b.prompt:
+            print(f"  {agent}: no answered main request in both sessions")
+            continue
+        line = {"agent": agent, "prompt_a": a.prompt, "prompt_b": b.prompt,
+                "cached_b": b.cached, "cached_pct_b": round(100 * (b.cached or 0) / b.prompt, 1),
+                "cached_from_b": b.cached_from, "ttft_a_s": _r(a.ttft), "ttft_b_s": _r(b.ttft),
+                "ttft_ratio": _r(b.ttft / a.ttft if a.ttft and b.ttft else None)}
+        summary["agents"].append(line)
+        print(f"  {agent:9} B: {b.prompt} tokens, {line['cached_pct_b']} % from the cache "
+              f"({b.cached_from or '-'}), TTFT {_s(b.ttft)} s against A's {_s(a.ttft)} s "
+              f"({a.prompt} tokens, cold): {line['ttft_ratio']}x")
+    return summary
+
+
+def main_request(exchanges: list[Exchange]) -> Exchange | None:
+    """A session's first answered request whose prompt is at least 90 % of its longest (a
+    title or quota request before it is shorter; the requests after it grow by a turn)."""
+    answered = [e for e in exchanges if e.method == "POST" and e.prompt]
+    longest = max((e.prompt or 0 for e in answered), default=0)
+    return next((e for e in answered if (e.prompt or 0) >= 0.9 * longest), None)
+
+
+def _r(v: float | None) -> float | None:
+    return None if v is None else round(v, 3)
 
 
 # ---- the report ----------------------------------------------------------------------------------
@@ -384,7 +491,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--agents", default="claude,codex,opencode")
-    ap.add_argument("--turns", type=int, default=3)
+    ap.add_argument("--turns", type=int, help="turns per session (default 3; 1 with "
+                    "--new-session)")
     ap.add_argument("--servers", default="ours",
                     help="ours, llama-server or both (ours,llama-server): each runs the same "
                     "sessions, one server at a time")
@@ -405,6 +513,9 @@ def main(argv: list[str] | None = None) -> int:
                     "to every server of the run, so that they compute the same)")
     ap.add_argument("--record", type=Path, help="write the request bodies here as fixtures")
     ap.add_argument("--json", type=Path, help="write the summary here")
+    ap.add_argument("--new-session", action="store_true",
+                    help="per agent: session A, a restart of our server (its disk tier kept), "
+                    "session B in another folder; --turns turns each (default 1 here)")
     args = ap.parse_args(argv)
     agents = [a.strip() for a in args.agents.split(",") if a.strip()]
     for a in agents:
@@ -413,6 +524,17 @@ def main(argv: list[str] | None = None) -> int:
         agent_bin(a)
     if shutil.which("git") is None:
         ap.error("git is needed for the scratch repository")
+    if args.new_session:
+        if args.url:
+            ap.error("--new-session restarts the server it starts: no --url")
+        args.turns = args.turns or 1
+        exchanges, turns = new_sessions(args, agents, ap)
+        summary = report_sessions(exchanges, agents)
+        summary["exits"] = [t.exit_code for t in turns]
+        if args.json:
+            args.json.write_text(json.dumps(summary, indent=1))
+        return 0 if all(t.exit_code == 0 for t in turns) else 1
+    args.turns = args.turns or 3
     servers = ["url"] if args.url else [s.strip() for s in args.servers.split(",")]
     results: dict[str, tuple[list[Exchange], list[TurnResult]]] = {}
     for server in servers:
@@ -438,7 +560,8 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if all(t.exit_code == 0 for _, ts in results.values() for t in ts) else 1
 
 
-def _launch(server: str, args, ap):
+def _launch(server: str, args, ap, log_dir: str | None = None):
+    log_dir = log_dir or tempfile.mkdtemp(prefix="agents-log-")
     n_out = args.max_output
     template = args.chat_template
     if server == "ours":
@@ -447,8 +570,7 @@ def _launch(server: str, args, ap):
                **({"PAGEDLLAMA_MAX_OUTPUT": str(n_out)} if n_out else {}),
                **({"PAGEDLLAMA_CHAT_TEMPLATE": template} if template else {}),
                **parse_env(args.env)}
-        return launched(our_server(args.model, n_ctx=args.n_ctx, env=env),
-                        log_dir=tempfile.mkdtemp(prefix="agents-log-"))
+        return launched(our_server(args.model, n_ctx=args.n_ctx, env=env), log_dir=log_dir)
     if server != "llama-server":
         ap.error(f"unknown server {server!r}")
     binary = find_peer_bin(args.peer_bin)
@@ -459,7 +581,7 @@ def _launch(server: str, args, ap):
         path = chat_template_path(template, Path.cwd(), "--chat-template")
         extra += ["--chat-template-file", str(path)]
     return launched(llama_server(binary, args.model, parallel=2, n_ctx=args.n_ctx, extra=extra),
-                    log_dir=tempfile.mkdtemp(prefix="agents-log-"))
+                    log_dir=log_dir)
 
 
 def report_quiet(exchanges: list[Exchange], turns: list[TurnResult]) -> list[dict]:

@@ -469,3 +469,18 @@ def test_batch_measures_chats_beside_a_batch_and_the_batch_against_a_client(tmp_
     assert r["ratios"] == rd["ratios"] and len(r["ratios"]) == 4
     assert all(isinstance(x, float) and x > 0 for x in r["ratios"].values())
     assert all(x > 0 for x in r["pooled"]["ratios"].values())
+
+
+def test_new_session_tiers_are_read_from_the_servers_request_log():
+    from benchmarks.agents import Exchange, tiers_from_log
+    log = ("INFO pagedllama.server: POST /v1/messages ok model=m prompt=900 cached=0 "
+           "prompt_steps=3 completion=8 ttft=1.0s total=1.2s finish=length\n"
+           "INFO pagedllama.server: POST /v1/messages ok model=m prompt=1000 cached=832 "
+           "cached_from=disk prompt_steps=1 completion=8 ttft=0.2s total=0.3s finish=length\n"
+           "INFO pagedllama.server: POST /v1/chat/completions ok model=m prompt=1000 cached=832 "
+           "cached_from=ram prompt_steps=1 completion=8 ttft=0.2s total=0.3s finish=length\n")
+    chat = Exchange("opencode", 1, "POST", "/v1/chat/completions", prompt=1000, cached=832)
+    second = Exchange("claude", 1, "POST", "/v1/messages?beta=true", prompt=1000, cached=832)
+    first = Exchange("claude", 1, "POST", "/v1/messages?beta=true", prompt=900, cached=0)
+    tiers_from_log(log, [chat, second, first])
+    assert (chat.cached_from, second.cached_from, first.cached_from) == ("ram", "disk", None)
