@@ -18,17 +18,27 @@ only the window before a sequence's last position, so such a snapshot is restore
 at all (`whole_only`).
 
 Disk format: one file per snapshot, `<dir>/<space digest>/<last block's chain hash>.kv`:
-MAGIC, a 4-byte header length, a JSON header (space identity, tokens, size, CRC-32 of the
-state), the state. Written to a temporary name and renamed, so a reader never sees half a file;
-two processes sharing the directory write whole files and delete by age, and a file deleted
-while read stays readable. A file whose magic, header, space, tokens, size or checksum do not
-match is skipped with a log line (and deleted); an error writing (a full or read-only disk)
-turns writing off with a log line, and requests go on without it.
+MAGIC, a 4-byte header length, a JSON header (space identity, block size, tokens, size of the
+state), the CRC-32 of everything before it, the state, and the CRC-32 of everything before
+that: the whole file. Any change to a byte of a file is caught: the header's checksum when the
+directory is scanned (headers only), the whole file's when a hit reads the state. A header must
+also agree with where the file lies: its space identity and block size with the space digest
+of its folder, its tokens' chain hash with the file name. A file that fails any check (an older
+format too) is skipped with a log line, deleted and counted in the tier's `bad`.
+
+Sharing the directory (replicas on one machine): a file is written under a temporary name and
+renamed into place, so a reader never sees half of one, and a file deleted while read stays
+readable. The rename and the trim that follows it hold a lock on `<dir>/.lock`, so the
+directory exceeds the smallest byte limit of the processes using it by at most the file just
+renamed. A process that only reads trims too: when a lookup sees that its space's folder
+changed, its disk thread trims the directory to its own limit. An error writing (a full or
+read-only disk) turns writing off with a log line, and requests go on without it.
 
 This module is plain Python: the engine hands it bytes (engine/llama.py, Context.apply).
 """
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import logging
@@ -39,7 +49,8 @@ import threading
 import time
 import zlib
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,9 +60,53 @@ log = logging.getLogger("pagedllama.kvcache")
 
 State = bytes | bytearray   # a sequence's state as llama.cpp writes it
 
-MAGIC = b"PGLKV1\n"
-HEADER = struct.Struct("<I")
+MAGIC = b"PGLKV2\n"
+OLD_MAGICS = (b"PGLKV1\n",)      # earlier formats: skipped and deleted
+U32 = struct.Struct("<I")        # the header's length, and each CRC-32
 FILE_SUFFIX = ".kv"
+LOCK_NAME = ".lock"
+TRIM = "trim"                    # the disk thread's order to trim the directory
+KEY_MASK = 0xFFFFFFFFFFFFFFFF
+# A folder's modification time within this of the clock may change again without changing
+# (file systems keep coarse times): such a folder is listed again on the next lookup.
+RACY_NS = 1_000_000_000
+
+
+def space_digest(identity: dict, block_size: int) -> str:
+    """The name of a space's folder: a digest of everything that decides its numbers."""
+    text = json.dumps({"block_size": block_size, "space": identity}, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:24]
+
+
+def file_name(key: int) -> str:
+    """A snapshot file's name: the chain hash of its last block."""
+    return f"{key & KEY_MASK:016x}{FILE_SUFFIX}"
+
+
+def encode(identity: dict, block_size: int, tokens: Sequence[int], data: State) -> list[State]:
+    """A snapshot file's bytes (module doc), in parts: the head, the state, the last checksum."""
+    header = json.dumps({"space": identity, "block_size": block_size, "tokens": list(tokens),
+                         "size": len(data)}).encode()
+    head = MAGIC + U32.pack(len(header)) + header
+    head += U32.pack(zlib.crc32(head))
+    return [head, data, U32.pack(zlib.crc32(data, zlib.crc32(head)))]
+
+
+@contextmanager
+def dir_lock(directory: Path) -> Iterator[None]:
+    """Hold the directory's lock (flock on `.lock`) against other processes and stores; where
+    the lock file cannot be opened (a read-only directory) nothing is held."""
+    try:
+        f = open(directory / LOCK_NAME, "ab")
+    except OSError:
+        f = None
+    try:
+        if f is not None:
+            fcntl.flock(f, fcntl.LOCK_EX)
+        yield
+    finally:
+        if f is not None:
+            f.close()   # releases the lock
 
 
 def file_digest(path: Path, memo: Path | None = None) -> str:
@@ -84,19 +139,42 @@ def file_digest(path: Path, memo: Path | None = None) -> str:
 _DIGESTS: dict[str, str] = {}
 
 
-def write_atomic(path: Path, data: State | Sequence[State]) -> None:
+def write_temp(path: Path, data: State | Sequence[State]) -> Path:
     """Write `data` (bytes, or parts of them one after the other) to a temporary file beside
-    `path` and rename it there: a reader, or another process writing the same file, sees the
-    old file or the new one, never a part of one."""
+    `path`, to be renamed there; returns its name."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     try:
         with open(tmp, "wb") as f:
             for part in ([data] if isinstance(data, (bytes, bytearray)) else data):
                 f.write(part)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return tmp
+
+
+def write_atomic(path: Path, data: State | Sequence[State]) -> None:
+    """Write `data` to a temporary file beside `path` and rename it there: a reader, or another
+    process writing the same file, sees the old file or the new one, never a part of one."""
+    tmp = write_temp(path, data)
+    try:
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+class BadFile(Exception):
+    """A snapshot file that fails a check (module doc); the message says which."""
+
+
+class UnreadableFile(BadFile):
+    """A snapshot file that could not be read (permissions, an I/O error): skipped, not
+    deleted."""
+
+
+class GoneFile(Exception):
+    """A snapshot file deleted (by a trim, here or in another process) before it was read."""
 
 
 @dataclass(eq=False)
@@ -108,6 +186,7 @@ class Snapshot:
     size: int                         # bytes of state
     data: State | None = None         # held in RAM
     path: Path | None = None          # written to disk
+    file_size: int = 0                # bytes of its file
     writing: bool = False             # queued for the disk writer
 
     @property
@@ -156,7 +235,10 @@ class PrefixStore:
         self.spaces: dict[str, Space] = {}
         self.disk_writable = False
         self.disk_note = "off (no PAGEDLLAMA_CACHE_DIR)"
-        self._queue: queue.Queue[tuple[Snapshot, State] | None] = queue.Queue()
+        # the disk thread's work: a snapshot to write, TRIM, or None to end
+        self._queue: queue.Queue[tuple[Snapshot, State] | str | None] = queue.Queue()
+        self._queued = 0            # items put on the queue and not done yet
+        self._trim_queued = False
         self._writer: threading.Thread | None = None
         if disk_dir is not None and disk_limit > 0:
             self._open_disk(disk_dir)
@@ -180,12 +262,12 @@ class PrefixStore:
         self._writer = threading.Thread(target=self._write_forever, name="prefix-cache-disk",
                                         daemon=True)
         self._writer.start()
+        self.request_trim()   # a directory left over its limit (a smaller limit than before)
 
     def space(self, identity: dict, block_size: int, whole_only: bool) -> Space:
         """The snapshots of one set of numbers (space_identity), made once per process and kept
         across unload and reload of its model."""
-        text = json.dumps(identity, sort_keys=True)
-        digest = hashlib.sha256(text.encode()).hexdigest()[:24]
+        digest = space_digest(identity, block_size)
         with self.lock:
             space = self.spaces.get(digest)
             if space is None:
@@ -233,50 +315,86 @@ class PrefixStore:
             self.ram.move_to_end(id(snap))
 
     # ---- the disk tier ------------------------------------------------------------------------
+    def _enqueue(self, item: tuple[Snapshot, State] | str) -> None:
+        with self.lock:
+            self._queued += 1
+        self._queue.put(item)
+
+    def request_trim(self) -> None:
+        """Have the disk thread trim the directory to this process's limit (once, however often
+        it is asked before it starts)."""
+        with self.lock:
+            if (self._writer is None or not self.disk_writable or self._trim_queued
+                    or self.disk_dir is None):
+                return
+            self._trim_queued = True
+        self._enqueue(TRIM)
+
     def _write_forever(self) -> None:
         while True:
             item = self._queue.get()
             if item is None:
                 return
-            snap, data = item
             try:
-                self._write(snap, data)
-            except Exception:   # the writer must outlive a surprise
-                log.exception("prefix cache disk tier: writing a snapshot failed")
+                if isinstance(item, str):
+                    with self.lock:
+                        self._trim_queued = False
+                    self._trim_locked()
+                else:
+                    self._write_item(*item)
+            except Exception:   # the disk thread must outlive a surprise
+                log.exception("prefix cache disk tier: %s failed",
+                              "trimming" if isinstance(item, str) else "writing a snapshot")
             finally:
                 with self.lock:
-                    snap.writing = False
-                    if snap.data is None and snap.path is None:
-                        snap.space.forget(snap)
+                    self._queued -= 1
+
+    def _write_item(self, snap: Snapshot, data: State) -> None:
+        try:
+            self._write(snap, data)
+        finally:
+            with self.lock:
+                snap.writing = False
+                if snap.data is None and snap.path is None:
+                    snap.space.forget(snap)
 
     def _write(self, snap: Snapshot, data: State) -> None:
         if not self.disk_writable or snap not in snap.space.by_hash.get(snap.key, ()):
             return   # dropped meanwhile (a longer snapshot of the same sequence replaced it)
+        assert self.disk_dir is not None
         t0 = time.perf_counter()
         space = snap.space
-        header = json.dumps({"space": space.identity, "block_size": space.block_size,
-                             "tokens": list(snap.tokens), "size": snap.size,
-                             "crc32": zlib.crc32(data)}).encode()
-        path = space.directory / f"{snap.key & 0xFFFFFFFFFFFFFFFF:016x}{FILE_SUFFIX}"
+        path = space.directory / file_name(snap.key)
+        parts = encode(space.identity, space.block_size, snap.tokens, data)
         try:
             space.directory.mkdir(parents=True, exist_ok=True)
-            write_atomic(path, [MAGIC, HEADER.pack(len(header)), header, data])
+            tmp = write_temp(path, parts)
+            try:
+                with dir_lock(self.disk_dir):
+                    os.replace(tmp, path)
+                    with self.lock:
+                        snap.path, snap.file_size = path, sum(len(p) for p in parts)
+                        space.on_disk[path.name] = snap
+                        self.counts["disk"].written += 1
+                        self.counts["disk"].write_s += time.perf_counter() - t0
+                    self._trim_disk()
+            finally:
+                tmp.unlink(missing_ok=True)   # left only when the rename failed
         except OSError as exc:
             self.disk_writable = False
             self.disk_note = f"off after a write failed ({exc.strerror or exc})"
             log.warning("prefix cache disk tier: writing %s failed (%s); the disk tier stops "
                         "writing, requests are not affected", path, exc)
-            return
-        with self.lock:
-            snap.path = path
-            space.on_disk[path.name] = snap
-            self.counts["disk"].written += 1
-            self.counts["disk"].write_s += time.perf_counter() - t0
-        self._trim_disk()
+
+    def _trim_locked(self) -> None:
+        if self.disk_dir is not None and self.disk_writable:
+            with dir_lock(self.disk_dir):
+                self._trim_disk()
 
     def _trim_disk(self) -> None:
         """Delete the least recently used files (by modification time, which a hit renews) until
-        the directory holds at most disk_limit bytes; other processes' files count too."""
+        the directory holds at most disk_limit bytes; other processes' files count too. Called
+        holding the directory's lock."""
         assert self.disk_dir is not None
         files = []
         for path in self.disk_dir.glob(f"*/*{FILE_SUFFIX}"):
@@ -290,7 +408,11 @@ class PrefixStore:
         for _, size, path in files:
             if total <= self.disk_limit:
                 break
-            path.unlink(missing_ok=True)
+            try:
+                path.unlink(missing_ok=True)
+            except OSError as exc:
+                log.warning("prefix cache disk tier: %s could not be deleted (%s)", path, exc)
+                continue
             total -= size
             with self.lock:
                 space = self.spaces.get(path.parent.name)
@@ -303,13 +425,13 @@ class PrefixStore:
             self.disk_bytes = total
 
     def flush(self, timeout: float = 30.0) -> None:
-        """Wait until the snapshots queued for disk are written (tests, shutdown)."""
+        """Wait until the snapshots queued for disk are written and queued trims done (tests,
+        shutdown)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             with self.lock:
-                busy = any(s.writing for sp in self.spaces.values() for s in sp.snapshots())
-            if not busy:
-                return
+                if not self._queued:
+                    return
             time.sleep(0.01)
 
     def close(self) -> None:
@@ -332,6 +454,9 @@ class Space:
         self.directory = (store.disk_dir / digest if store.disk_dir is not None
                           else Path("/nonexistent"))
         self._dir_mtime = -1
+        # files that failed a check and could not be deleted (a read-only directory): name ->
+        # (size, mtime), not checked again while they stay the same
+        self._rejected: dict[str, tuple[int, int]] = {}
 
     @property
     def min_tokens(self) -> int:
@@ -375,7 +500,7 @@ class Space:
             self._index(snap)
             if self.store.disk_writable:
                 snap.writing = True
-                self.store._queue.put((snap, data))
+                self.store._enqueue((snap, data))
             self.store._keep_in_ram(snap, data)   # (dropped at once when larger than the tier)
 
     def _drop(self, snap: Snapshot) -> None:
@@ -384,7 +509,10 @@ class Space:
             store.ram_bytes -= snap.size
         snap.data = None
         if snap.path is not None:
-            snap.path.unlink(missing_ok=True)
+            try:
+                snap.path.unlink(missing_ok=True)
+            except OSError:   # a read-only directory: the file stays, found by its tokens
+                pass
             self.on_disk.pop(snap.path.name, None)
             snap.path = None
         self.forget(snap)
@@ -421,10 +549,15 @@ class Space:
                 return self._hit("ram", data, n_tokens, t0)
         if path is None:
             return None
-        data = self._read(path, snap.tokens)
+        try:
+            data = self._load(path, snap.tokens, state=True)[2]
+        except GoneFile:
+            data = None
+        except BadFile as exc:
+            self._reject(path, exc)
+            data = None
         with store.lock:
             if data is None:
-                store.counts["disk"].bad += 1
                 self.on_disk.pop(path.name, None)
                 snap.path = None
                 if snap.data is None:
@@ -454,92 +587,139 @@ class Space:
             self.store.counts["ram"].misses += 1
 
     # ---- disk ---------------------------------------------------------------------------------
-    def _read(self, path: Path, tokens: tuple[int, ...] | None) -> bytes | None:
-        """A snapshot file's state, checked: magic, header, this space, the tokens expected (when
-        given), the size and the CRC-32. None (logged; the file deleted) when any fails."""
+    def _load(self, path: Path, expected: tuple[int, ...] | None,
+              state: bool) -> tuple[tuple[int, ...], int, bytearray | None]:
+        """A snapshot file's tokens, its state's size and, with `state`, the state, checked
+        (module doc): the header always, the whole file's checksum when the state is read, and
+        the tokens against `expected` when given. Raises BadFile (why) or GoneFile."""
         try:
-            with open(path, "rb") as f:
-                blob = f.read()
+            f = open(path, "rb")
         except FileNotFoundError:
-            return None
+            raise GoneFile(str(path)) from None
         except OSError as exc:
-            log.warning("prefix cache disk tier: %s could not be read (%s); skipped", path, exc)
-            return None
-        header, data, why = self._parse(blob)
-        if header is not None and tokens is not None and tuple(header["tokens"]) != tokens:
-            why = "its tokens are not the ones indexed"
-        if why:
-            log.warning("prefix cache disk tier: %s skipped and deleted: %s", path, why)
-            path.unlink(missing_ok=True)
-            return None
-        return data
+            raise UnreadableFile(f"it could not be read ({exc.strerror or exc})") from None
+        with f:
+            try:
+                st = os.fstat(f.fileno())
+                head = f.read(len(MAGIC) + U32.size)
+                if head[:len(MAGIC)] in OLD_MAGICS:
+                    raise BadFile("written in an older format")
+                if len(head) < len(MAGIC) + U32.size or not head.startswith(MAGIC):
+                    raise BadFile("not a snapshot file (or truncated)")
+                (n,) = U32.unpack_from(head, len(MAGIC))
+                if len(head) + n + 2 * U32.size > st.st_size:
+                    raise BadFile("truncated (or its header length is damaged)")
+                rest = f.read(n + U32.size)
+                crc = zlib.crc32(rest[:n], zlib.crc32(head))
+                if len(rest) != n + U32.size or U32.unpack_from(rest, n)[0] != crc:
+                    raise BadFile("header checksum mismatch")
+                tokens, size = self._check_header(path, rest[:n])
+                if expected is not None and tokens != expected:
+                    raise BadFile("its tokens are not the ones indexed")
+                if st.st_size != len(head) + len(rest) + size + U32.size:
+                    raise BadFile(f"truncated or too long ({st.st_size} bytes, "
+                                  f"{len(head) + len(rest) + size + U32.size} expected)")
+                if not state:
+                    return tokens, size, None
+                data = bytearray(size)
+                got = f.readinto(data)
+                tail = f.read(U32.size + 1)
+                if got != size or len(tail) != U32.size:
+                    raise BadFile("truncated")
+                crc = zlib.crc32(data, zlib.crc32(rest[n:], crc))
+                if U32.unpack(tail)[0] != crc:
+                    raise BadFile("checksum mismatch")
+                return tokens, size, data
+            except OSError as exc:
+                raise UnreadableFile(f"it could not be read ({exc.strerror or exc})") from None
 
-    def _parse(self, blob: bytes) -> tuple[dict | None, bytes, str]:
-        if not blob.startswith(MAGIC) or len(blob) < len(MAGIC) + HEADER.size:
-            return None, b"", "not a snapshot file (or truncated)"
-        (n,) = HEADER.unpack_from(blob, len(MAGIC))
-        start = len(MAGIC) + HEADER.size
+    def _check_header(self, path: Path, raw: bytes) -> tuple[tuple[int, ...], int]:
+        """A header's tokens and state size, if it belongs where it lies: this space (the
+        folder's digest), this block size, whole blocks, the file named by its tokens."""
         try:
-            header = json.loads(blob[start:start + n])
-            tokens, size, crc = header["tokens"], int(header["size"]), int(header["crc32"])
+            header = json.loads(raw)
+            space, block_size = header["space"], header["block_size"]
+            tokens, size = header["tokens"], header["size"]
         except (ValueError, KeyError, TypeError):
-            return None, b"", "its header does not parse"
-        if header.get("space") != self.identity or header.get("block_size") != self.block_size:
-            return None, b"", "written for other numbers (model, build or settings)"
-        if not tokens or len(tokens) % self.block_size:
-            return None, b"", "its tokens are not whole blocks"
-        data = blob[start + n:]
-        if len(data) != size:
-            return None, b"", f"truncated ({len(data)} of {size} bytes)"
-        if zlib.crc32(data) != crc:
-            return None, b"", "checksum mismatch"
-        return header, data, ""
+            raise BadFile("its header does not parse") from None
+        if not isinstance(space, dict) or type(block_size) is not int or type(size) is not int \
+                or size < 0 or not isinstance(tokens, list) \
+                or not all(type(t) is int for t in tokens):
+            raise BadFile("its header does not parse")
+        if space_digest(space, block_size) != path.parent.name:
+            raise BadFile("its space identity or block size is not its folder's")
+        if space != self.identity or block_size != self.block_size:
+            raise BadFile("written for other numbers (model, build or settings)")
+        if not tokens or len(tokens) % block_size:
+            raise BadFile("its tokens are not whole blocks")
+        if file_name(block_hashes(tokens, block_size)[-1]) != path.name:
+            raise BadFile("its name is not the chain hash of its tokens")
+        return tuple(tokens), size
 
-    def scan_disk(self) -> None:
-        """Index the snapshot files of this space (at start, and when another process wrote some):
-        headers only; the state is read and checked on a hit."""
-        if self.store.disk_dir is None or not self.directory.is_dir():
-            return
-        try:
-            self._dir_mtime = self.directory.stat().st_mtime_ns
-            names = [p for p in self.directory.iterdir() if p.suffix == FILE_SUFFIX]
-        except OSError:
-            return
-        for path in names:
-            if path.name in self.on_disk:
-                continue
-            tokens = self._header_tokens(path)
-            if tokens is None:
-                continue
-            snap = Snapshot(self, block_hashes(tokens, self.block_size), tokens,
-                            path.stat().st_size, path=path)
-            with self.store.lock:
-                self.on_disk[path.name] = snap
-                self._index(snap)
+    def _reject(self, path: Path, exc: BadFile, st: os.stat_result | None = None) -> None:
+        """Skip a file that failed a check: a log line, the `bad` count, and delete it (not one
+        that could not be read)."""
         with self.store.lock:
-            self.store.disk_bytes = sum(s.path.stat().st_size for sp in self.store.spaces.values()
-                                        for s in sp.on_disk.values()
-                                        if s.path is not None and s.path.exists())
-
-    def _header_tokens(self, path: Path) -> tuple[int, ...] | None:
-        try:
-            with open(path, "rb") as f:
-                head = f.read(len(MAGIC) + HEADER.size)
-                if not head.startswith(MAGIC) or len(head) < len(MAGIC) + HEADER.size:
-                    raise ValueError("not a snapshot file")
-                (n,) = HEADER.unpack_from(head, len(MAGIC))
-                header = json.loads(f.read(n))
-            if header.get("space") != self.identity or header.get("block_size") != self.block_size:
-                raise ValueError("written for other numbers")
-            tokens = tuple(int(t) for t in header["tokens"])
-            if not tokens or len(tokens) % self.block_size:
-                raise ValueError("not whole blocks")
-            return tokens
-        except FileNotFoundError:
-            return None
-        except (OSError, ValueError, KeyError, TypeError) as exc:
+            self.store.counts["disk"].bad += 1
+        if isinstance(exc, UnreadableFile):
             log.warning("prefix cache disk tier: %s skipped: %s", path, exc)
-            return None
+        else:
+            try:
+                path.unlink(missing_ok=True)
+            except OSError as err:
+                log.warning("prefix cache disk tier: %s skipped: %s (not deleted: %s)", path,
+                            exc, err.strerror or err)
+            else:
+                log.warning("prefix cache disk tier: %s skipped and deleted: %s", path, exc)
+                return
+        if st is not None:   # not checked again while it stays the same
+            self._rejected[path.name] = (st.st_size, st.st_mtime_ns)
+
+    def scan_disk(self) -> bool:
+        """Index the snapshot files of this space (at start, and when its folder changed: another
+        process wrote or deleted some): headers only; the state is read and checked on a hit.
+        Files gone since the last scan leave the index. Returns whether it found new files."""
+        if self.store.disk_dir is None:
+            return False
+        with self.store.lock:
+            known = set(self.on_disk)
+        try:
+            mtime = self.directory.stat().st_mtime_ns
+            names = {e.name for e in os.scandir(self.directory)
+                     if e.name.endswith(FILE_SUFFIX) and not e.name.startswith(".")}
+        except OSError:
+            return False
+        self._dir_mtime = mtime if time.time_ns() - mtime > RACY_NS else -1
+        for name in sorted(names - known):
+            path = self.directory / name
+            try:
+                st = path.stat()
+                if self._rejected.get(name) == (st.st_size, st.st_mtime_ns):
+                    continue
+                tokens, size, _ = self._load(path, None, state=False)
+            except (GoneFile, OSError):   # deleted meanwhile
+                continue
+            except BadFile as exc:
+                self._reject(path, exc, st)
+                continue
+            snap = Snapshot(self, block_hashes(tokens, self.block_size), tokens, size,
+                            path=path)
+            with self.store.lock:
+                if name not in self.on_disk:
+                    snap.file_size = st.st_size
+                    self.on_disk[name] = snap
+                    self._index(snap)
+        with self.store.lock:
+            for name in known - names:
+                gone = self.on_disk.pop(name, None)
+                if gone is not None:
+                    gone.path = None
+                    if gone.data is None and not gone.writing:
+                        self.forget(gone)
+            if not self.store.disk_writable:   # no trim counts the directory: what is indexed
+                self.store.disk_bytes = sum(s.file_size for sp in self.store.spaces.values()
+                                            for s in sp.on_disk.values())
+        return bool(names - known)
 
     def _rescan_if_changed(self) -> None:
         if self.store.disk_dir is None:
@@ -548,8 +728,8 @@ class Space:
             mtime = self.directory.stat().st_mtime_ns
         except OSError:
             return
-        if mtime != self._dir_mtime:
-            self.scan_disk()
+        if mtime != self._dir_mtime and self.scan_disk():
+            self.store.request_trim()   # another process wrote: hold this process's limit too
 
 
 def space_identity(**facts) -> dict:

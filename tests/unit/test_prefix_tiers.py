@@ -166,9 +166,9 @@ def test_snapshots_on_disk_outlive_the_process_and_are_checked(tmp_path, caplog)
     assert restore.tier == "disk" and bytes(restore.data) == b"A" * 64
     assert space2.fetch(snap, n).tier == "ram"
     # one flipped byte: skipped with a log line, deleted, not found again
-    path = next(p for p in files if p.read_bytes().endswith(b"B" * 64))
+    path = next(p for p in files if b"B" * 64 in p.read_bytes())
     raw = bytearray(path.read_bytes())
-    raw[-1] ^= 1
+    raw[-5] ^= 1     # the state's last byte (the file's checksum follows)
     path.write_bytes(bytes(raw))
     snap, n = space2.find(space_hashes(b), b, 16)
     with caplog.at_level(logging.WARNING, "pagedllama.kvcache"):
@@ -189,10 +189,11 @@ def test_a_truncated_file_is_skipped(tmp_path, caplog):
     s1.close()
     path = next(tmp_path.glob("*/*.kv"))
     path.write_bytes(path.read_bytes()[:-10])
-    space = store(tmp_path).space(IDENTITY, BS, whole_only=False)
     with caplog.at_level(logging.WARNING, "pagedllama.kvcache"):
-        assert space.fetch(*space.find(space_hashes(a), a, 16)) is None
-    assert "truncated" in caplog.text
+        s2 = store(tmp_path)
+        space = s2.space(IDENTITY, BS, whole_only=False)   # its length is checked on the scan
+        assert space.find(space_hashes(a), a, 16) is None
+    assert "truncated" in caplog.text and not path.exists() and s2.counts["disk"].bad == 1
 
 
 def test_two_processes_share_a_directory(tmp_path):
@@ -223,7 +224,7 @@ def test_a_failing_disk_turns_writing_off_and_requests_go_on(tmp_path, monkeypat
 
     def full(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")
-    monkeypatch.setattr(tiers_mod, "write_atomic", full)
+    monkeypatch.setattr(tiers_mod, "write_temp", full)
     with caplog.at_level(logging.WARNING, "pagedllama.kvcache"):
         space.put(prompt(1, 16), b"A" * 64)
         s.flush()
