@@ -3,12 +3,14 @@ one of them exits (then the rest are stopped too, and the exit code is 1)."""
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 import time
 from pathlib import Path
 
 from cluster.launch import POLICIES, Cluster, ClusterSpec
+from server.http.exposure import exposed
 
 
 def parse_args(argv: list[str] | None = None) -> ClusterSpec:
@@ -25,6 +27,15 @@ def parse_args(argv: list[str] | None = None) -> ClusterSpec:
     return ClusterSpec(replicas=a.replicas, policy=a.policy, port=a.port, host=a.host,
                        first_replica_port=a.first_replica_port, pin=not a.no_pin,
                        log_dir=a.log_dir)
+
+
+def open_warning(spec: ClusterSpec, env: dict[str, str]) -> str | None:
+    """What to say when the router listens beyond this machine and the replicas ask no API key
+    (the replicas themselves listen on 127.0.0.1, so they cannot tell)."""
+    if not exposed([spec.host], env.get("PAGEDLLAMA_API_KEY")):
+        return None
+    return (f"warning: the router listens on {spec.host}:{spec.port}, beyond this machine, and "
+            "PAGEDLLAMA_API_KEY is not set: anyone who can reach the port can use the API")
 
 
 class Stop(Exception):
@@ -46,6 +57,8 @@ def main(argv: list[str] | None = None) -> int:
         for i, r in enumerate(cluster.replicas):
             print(f"  replica {i + 1}: {r.url}  cores {r.cores}", flush=True)
         print(f"  logs: {cluster.log_dir}   (Ctrl-C stops everything)", flush=True)
+        if (warning := open_warning(spec, dict(os.environ))) is not None:
+            print(warning, file=sys.stderr, flush=True)
         while (dead := cluster.exited()) is None:
             time.sleep(0.5)
         print(f"a process exited (code {dead.returncode}); stopping the cluster", file=sys.stderr)

@@ -1,6 +1,7 @@
 """The FastAPI app: `uvicorn server.main:app`."""
 from __future__ import annotations
 
+import asyncio
 import hmac
 import logging
 from contextlib import asynccontextmanager
@@ -21,7 +22,7 @@ from server.api import (
 )
 from server.batch.runner import BatchRunner
 from server.config import load_settings
-from server.http import cors, errors, openapi, protocol
+from server.http import cors, errors, exposure, openapi, protocol
 from server.http.drain import Drain
 from server.http.edge import Edge
 from server.service.leases import ModelLeases
@@ -51,6 +52,7 @@ async def lifespan(app: FastAPI):
     settings = load_settings()
     _setup_logging(settings.log_level)
     app.state.settings = settings
+    uvicorn_server = protocol.uvicorn_server()    # before the drain takes SIGTERM from uvicorn
     service = Service(settings, _observer())
     service.start()
     service.catalog.start_reaper()   # unloads models idle past their keep_alive
@@ -68,9 +70,14 @@ async def lifespan(app: FastAPI):
     if watch is not None:
         watch(runner.stats)
     await runner.start()
+    # where uvicorn listens is known once it has bound its sockets, after this startup: a
+    # WARNING then if that is beyond this machine without an API key (server/http/exposure.py)
+    listening = asyncio.get_running_loop().create_task(
+        exposure.report_when_listening(uvicorn_server, settings.api_key))
     try:
         yield
     finally:
+        listening.cancel()
         drain.uninstall()
         await runner.stop()
         service.stop()

@@ -53,8 +53,9 @@ def running_server(env: dict[str, str] | None = None, startup_timeout: float = 1
 
 @contextmanager
 def server_process(env: dict[str, str] | None = None, startup_timeout: float = 120.0,
-                   cpus: set[int] | None = None, app: str = APP):
-    """Like running_server, but yields the ServerProcess (to signal it, read its log)."""
+                   cpus: set[int] | None = None, app: str = APP, host: str = "127.0.0.1"):
+    """Like running_server, but yields the ServerProcess (to signal it, read its log); `host`:
+    the address it listens on (it is reached on 127.0.0.1 all the same)."""
     port = free_port()
     # a short drain: a test that leaves a request running does not hold up the teardown
     # a state directory of this server's own (batches, the reasoning key), never the user's
@@ -64,7 +65,7 @@ def server_process(env: dict[str, str] | None = None, startup_timeout: float = 1
     log_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"pagedllama-test-{port}.log"
     log = log_path.open("w")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "uvicorn", app, "--host", "127.0.0.1",
+        [sys.executable, "-m", "uvicorn", app, "--host", host,
          "--port", str(port), "--no-access-log"],
         cwd=ROOT, env=full_env, stdout=log, stderr=subprocess.STDOUT,
         preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import pytest
 
+from cluster.__main__ import open_warning, parse_args
 from cluster.cores import split_cores
 from cluster.launch import ClusterSpec, replica_env, router_command
 
@@ -47,3 +48,10 @@ def test_the_manual_policy_spreads_new_routing_keys_evenly_unless_told_otherwise
     assert cmd.count("--assignment-mode") == 1
     assert cmd[cmd.index("--assignment-mode") + 1] == "min_load"
     assert "--assignment-mode" not in router_command(ClusterSpec(policy="cache_aware"))
+
+
+def test_a_router_beyond_this_machine_without_a_key_is_warned_about():
+    assert open_warning(parse_args([]), {}) is None                      # 127.0.0.1
+    spec = parse_args(["--host", "0.0.0.0", "--port", "9000"])
+    assert "0.0.0.0:9000, beyond this machine" in open_warning(spec, {})
+    assert open_warning(spec, {"PAGEDLLAMA_API_KEY": "k"}) is None
