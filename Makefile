@@ -1,7 +1,9 @@
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
-HOST   ?= 0.0.0.0
+# this machine only; HOST=0.0.0.0 listens on every interface (then set PAGEDLLAMA_API_KEY: the
+# server warns at start without it)
+HOST   ?= 127.0.0.1
 PORT   ?= 8000
 SUDO   := $(if $(filter 0,$(shell id -u)),,sudo)
 # llama.cpp is built for this CPU (-march=native) but without AMX: Xeons that report AMX in these
@@ -40,14 +42,14 @@ $(VENV)/.installed: requirements.txt requirements-router.txt requirements-dev.tx
 models: setup
 	@$(BIN)/python scripts/fetch_models.py --gemma
 
-## run: serve the OpenAI-compatible API on $(HOST):$(PORT); the prefix cache's disk tier in
-## .cache/prefix (PAGEDLLAMA_CACHE_DIR= turns it off)
+## run: serve the OpenAI-compatible API on $(HOST):$(PORT) (default 127.0.0.1:8000: this machine
+## only); the prefix cache's disk tier in .cache/prefix (PAGEDLLAMA_CACHE_DIR= turns it off)
 PAGEDLLAMA_CACHE_DIR ?= $(CURDIR)/.cache/prefix
 run: setup
 	PAGEDLLAMA_CACHE_DIR=$(PAGEDLLAMA_CACHE_DIR) $(BIN)/uvicorn server.main:app --host $(HOST) --port $(PORT) --no-access-log
 
 ## cluster: REPLICAS replicas (cores split between them, ports PORT+1..) behind sglang-router
-## on PORT, in the foreground; Ctrl-C or SIGTERM stops them all. ROUTER_POLICY=round_robin compares;
+## on $(HOST):$(PORT), in the foreground; Ctrl-C or SIGTERM stops them all. ROUTER_POLICY=round_robin compares;
 ## ROUTER_POLICY=manual routes by the client's x-smg-routing-key header (one key, one replica).
 cluster: setup
 	$(BIN)/python -m cluster --replicas $(REPLICAS) --policy $(ROUTER_POLICY) --port $(PORT) --host $(HOST)
@@ -60,9 +62,10 @@ image:
 image-router:
 	DOCKERFILE=docker/Dockerfile.router scripts/build_image.sh $(ROUTER_IMAGE)
 
-## image-run: run $(IMAGE) in the background on the host network, port $(PORT); image-stop stops it
+## image-run: run $(IMAGE) in the background on the host network, on $(HOST):$(PORT) as make run;
+## image-stop stops it
 image-run:
-	scripts/image_ctl.sh run $(PORT) $(IMAGE) $(CONTAINER)
+	HOST=$(HOST) scripts/image_ctl.sh run $(PORT) $(IMAGE) $(CONTAINER)
 
 image-stop:
 	scripts/image_ctl.sh stop $(CONTAINER)

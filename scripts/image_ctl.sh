@@ -5,7 +5,8 @@
 #   scripts/image_ctl.sh stop [NAME]
 #
 # The container is named NAME (default pagedllama); PAGEDLLAMA_* variables of the caller are
-# passed in.
+# passed in. On the host network the server listens on $HOST (default 127.0.0.1: this machine
+# only, as `make run`; HOST=0.0.0.0 for every interface).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/container_engine.sh
@@ -16,7 +17,8 @@ run() {
     NAME=${3:-$NAME}
     for var in $(compgen -e | grep '^PAGEDLLAMA_' || true); do env_args+=(-e "$var"); done
     $ENGINE rm -f "$NAME" >/dev/null 2>&1 || true          # a stopped one from before
-    $ENGINE run -d --name "$NAME" --network host -e "PORT=$port" "${env_args[@]}" \
+    $ENGINE run -d --name "$NAME" --network host -e "HOST=${HOST:-127.0.0.1}" -e "PORT=$port" \
+        "${env_args[@]}" \
         "$image" >/dev/null
     echo ">> $NAME ($image) starting on port $port"
     for _ in $(seq 120); do
