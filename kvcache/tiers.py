@@ -374,6 +374,9 @@ class PrefixStore:
                     os.replace(tmp, path)
                     with self.lock:
                         snap.path, snap.file_size = path, sum(len(p) for p in parts)
+                        scanned = space.on_disk.get(path.name)
+                        if scanned is not None and scanned is not snap and scanned.data is None:
+                            space.forget(scanned)   # indexed by a scan between rename and here
                         space.on_disk[path.name] = snap
                         self.counts["disk"].written += 1
                         self.counts["disk"].write_s += time.perf_counter() - t0

@@ -198,7 +198,7 @@ def test_the_file_restores_before_it_is_changed(tmp_path):
     assert got is not None and got.data == state_of(prompt(1, 16)) and s.counts["disk"].bad == 0
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(data=st.data(), xor=st.integers(1, 255))
 def test_any_changed_byte_of_a_written_file_is_caught(data, xor):
     pos = data.draw(st.integers(0, len(one_file()[1]) - 1), label="position")
