@@ -8,12 +8,14 @@ agent sent and what the prefix cache did with it:
     python -m benchmarks.agents --agents claude --turns 2 --url http://127.0.0.1:8000
     python -m benchmarks.agents --record tests/fixtures/agents   # keep the request bodies
     python -m benchmarks.agents --new-session                # session A, a restart, session B
+    python -m benchmarks.agents --new-session --cold         # ... and B's request cold, again
 
 `--new-session` runs what a user meets when starting an agent again: for each agent, session A
 in one folder, the server restarted (the prefix cache's disk tier kept), then session B in
 another folder with the same home; per request it prints the prompt, the tokens read from the
 cache, the tier they came from (`cached_from`, from the server's request log) and TTFT, and
-compares session B's first request with session A's, which was computed cold.
+compares session B's first request with session A's, which was computed cold; `--cold` also
+sends B's first request again to a server on an empty cache, for B's own cold time.
 
 Per request: the agent, the turn, the route, the prompt tokens, those read from the cache, TTFT
 (time to the first answer event), total time and the HTTP status; per turn, the CLI's exit code.
@@ -386,7 +388,38 @@ def new_sessions(args, agents: list[str], ap) -> tuple[list[Exchange], list[Turn
     return exchanges, turns
 
 
-def report_sessions(exchanges: list[Exchange], agents: list[str]) -> dict:
+def cold_replays(args, ap, exchanges: list[Exchange], agents: list[str]) -> dict[str, Exchange]:
+    """Per agent, session B's main request sent again, as the agent sent it, to our server
+    started on an empty disk tier: the same prompt computed cold, the time B's first request
+    would have taken without the cache (session A's first request is a different prompt, and
+    an agent that gives up on a slow first request and retries it leaves A without a cold
+    time)."""
+    out: dict[str, Exchange] = {}
+    for agent in agents:
+        b = main_request([e for e in exchanges if e.agent == agent and e.session == "B"])
+        if b is None or b.body is None:
+            continue
+        cache = Path(tempfile.mkdtemp(prefix="agents-cold-"))
+        env = [e for e in args.env if not e.startswith("PAGEDLLAMA_CACHE_DIR=")]
+        try:
+            with _launch("ours", argparse.Namespace(**{**vars(args), "env": env + [
+                    f"PAGEDLLAMA_CACHE_DIR={cache}"]}), ap) as url:
+                ex = Exchange(agent, b.turn, "POST", b.path, session="cold")
+                t0 = time.monotonic()
+                with httpx.stream("POST", url + b.path, json=b.body, headers=b.headers,
+                                  timeout=None) as resp:
+                    ex.status = resp.status_code
+                    for line in resp.iter_lines():
+                        _read_line(line.encode(), ex, t0)
+                ex.total = time.monotonic() - t0
+                out[agent] = ex
+        finally:
+            shutil.rmtree(cache, ignore_errors=True)
+    return out
+
+
+def report_sessions(exchanges: list[Exchange], agents: list[str],
+                    cold: dict[str, Exchange] | None = None) -> dict:
     print(f"{'agent':9} {'sess':>4} {'turn':>4} {'route':22} {'status':>6} {'prompt':>7} "
           f"{'cached':>7} {'cached%':>7} {'from':>5} {'ttft s':>8}")
     for ex in exchanges:
@@ -413,6 +446,14 @@ def report_sessions(exchanges: list[Exchange], agents: list[str]) -> dict:
         print(f"  {agent:9} B: {b.prompt} tokens, {line['cached_pct_b']} % from the cache "
               f"({b.cached_from or '-'}), TTFT {_s(b.ttft)} s against A's {_s(a.ttft)} s "
               f"({a.prompt} tokens, cold): {line['ttft_ratio']}x")
+        c = (cold or {}).get(agent)
+        if c is not None:
+            line.update({"ttft_b_cold_s": _r(c.ttft), "prompt_b_cold": c.prompt,
+                         "cached_b_cold": c.cached,
+                         "ttft_ratio_cold": _r(b.ttft / c.ttft if c.ttft and b.ttft else None)})
+            print(f"  {'':9} B's request again on an empty cache: {_n(c.prompt)} tokens, "
+                  f"{_n(c.cached)} cached, TTFT {_s(c.ttft)} s: B took "
+                  f"{line['ttft_ratio_cold']}x its cold time")
     return summary
 
 
@@ -516,6 +557,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--new-session", action="store_true",
                     help="per agent: session A, a restart of our server (its disk tier kept), "
                     "session B in another folder; --turns turns each (default 1 here)")
+    ap.add_argument("--cold", action="store_true",
+                    help="with --new-session: then send session B's first request again to "
+                    "our server on an empty cache, for its cold time")
     args = ap.parse_args(argv)
     agents = [a.strip() for a in args.agents.split(",") if a.strip()]
     for a in agents:
@@ -529,7 +573,8 @@ def main(argv: list[str] | None = None) -> int:
             ap.error("--new-session restarts the server it starts: no --url")
         args.turns = args.turns or 1
         exchanges, turns = new_sessions(args, agents, ap)
-        summary = report_sessions(exchanges, agents)
+        cold = cold_replays(args, ap, exchanges, agents) if args.cold else None
+        summary = report_sessions(exchanges, agents, cold)
         summary["exits"] = [t.exit_code for t in turns]
         if args.json:
             args.json.write_text(json.dumps(summary, indent=1))

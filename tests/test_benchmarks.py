@@ -484,3 +484,20 @@ def test_new_session_tiers_are_read_from_the_servers_request_log():
     first = Exchange("claude", 1, "POST", "/v1/messages?beta=true", prompt=900, cached=0)
     tiers_from_log(log, [chat, second, first])
     assert (chat.cached_from, second.cached_from, first.cached_from) == ("ram", "disk", None)
+
+
+def test_new_session_report_compares_b_with_its_own_cold_time(capsys):
+    from benchmarks.agents import Exchange, report_sessions
+    a = Exchange("claude", 1, "POST", "/v1/messages", status=200, prompt=1000, cached=0, ttft=9.0)
+    title = Exchange("claude", 1, "POST", "/v1/messages", status=200, prompt=80, cached=0,
+                     ttft=0.5, session="B")
+    b = Exchange("claude", 1, "POST", "/v1/messages", status=200, prompt=1100, cached=900,
+                 ttft=2.0, session="B", cached_from="disk")
+    a.session = "A"
+    cold = Exchange("claude", 1, "POST", "/v1/messages", status=200, prompt=1100, cached=0,
+                    ttft=10.0, session="cold")
+    summary = report_sessions([a, title, b], ["claude"], {"claude": cold})
+    line = summary["agents"][0]
+    assert (line["prompt_b"], line["cached_pct_b"], line["cached_from_b"]) == (1100, 81.8, "disk")
+    assert (line["ttft_ratio"], line["ttft_b_cold_s"], line["ttft_ratio_cold"]) == (0.222, 10.0, 0.2)
+    assert "0.2x its cold time" in capsys.readouterr().out
