@@ -424,6 +424,43 @@ def test_guidellm_pairs_command_order_and_summary():
     assert "0.80 1.00" in text and "0.900x" in text and "10.0, 10.0" in text
 
 
+def test_sizes_measures_each_part_on_our_server_alone(tmp_path):
+    out = tmp_path / "sizes.json"
+    proc = bench("sizes", "--quick", "--servers", "ours", "--models", "models/SmolLM2-135M-Instruct.Q4_1.gguf",
+                 "--prompt-len", "60", "--depths", "80,9000", "--short-len", "16", "--decode-tokens", "4",
+                 "--streams", "2", "--chat-prompts", "2", "--chat-input-len", "16", "--chat-output-len", "4",
+                 "--chat-ctx", "256", "--result-file", str(out))
+    (r,) = json.loads(out.read_text())["results"]
+    assert r["depths"] == [80] and r["depths_beyond_context"] == [9000] and not r["random_weights"]
+    long, conc = r["settings"]["long"], r["settings"]["concurrent"]
+    assert (long["parallel"], conc["parallel"], conc["n_ctx"]) == (1, 2, 256) and "peer" not in long
+    ours = long["ours"]
+    assert 50 <= ours["prompt"]["prompt_tokens"] <= 70 and ours["prompt"]["ttft_s"] > 0
+    assert [d["output_tokens"] for d in ours["decode"]] == [4, 4]
+    assert all(d["decode_tok_s"] > 0 for d in ours["decode"])
+    chats = conc["ours"]["concurrent"]
+    assert chats["completed"] == 2 and chats["total_output_tokens"] == 8 and chats["failed"] == 0
+    assert ours["memory"]["peak"] >= ours["memory"]["rss_start"] > 0
+    assert "depths 9000 skipped" in proc.stdout and "decode, 1 stream, after" in proc.stdout
+
+
+@pytest.mark.skipif(find_peer_bin() is None,
+                    reason="no llama-server binary (see docs/benchmarks.md)")
+def test_sizes_against_llama_server_tiny(tmp_path):
+    out = tmp_path / "sizes.json"
+    bench("sizes", "--quick", "--peer-bin", str(find_peer_bin()), "--models",
+          "models/SmolLM2-135M-Instruct.Q4_1.gguf", "--prompt-len", "60", "--depths", "80", "--short-len", "16",
+          "--decode-tokens", "4", "--streams", "2", "--chat-prompts", "2", "--chat-input-len", "16",
+          "--chat-output-len", "4", "--chat-ctx", "256", "--result-file", str(out), timeout=600)
+    (r,) = json.loads(out.read_text())["results"]
+    for setting in r["settings"].values():
+        assert setting["ours"]["memory"]["peak"] > 0 and setting["peer"]["memory"]["peak"] > 0
+    for side in ("ours", "peer"):
+        assert [d["output_tokens"] for d in r["settings"]["long"][side]["decode"]] == [4, 4]
+    rows = json.loads(out.read_text())["comparison"][r["name"]]
+    assert rows and all(row["ratio"] is not None and row["ratio"] > 0 for row in rows)
+
+
 def test_models_kv_compares_q8_0_with_f16_per_token(tmp_path):
     out = tmp_path / "kv.json"
     proc = bench("models", "kv", "--kv-tokens", "4", "--result-file", str(out))
