@@ -16,7 +16,7 @@ from a cache. Two settings per model and server: one sequence with a context tha
 deepest prompt (the prompt and decode measurements), and `--streams` sequences of `--chat-ctx`
 tokens (the concurrent chats; llama-server `-np` slots of the same size). Our server runs with
 its defaults but for those two and no disk tier (`--our-env` adds settings); its speculative
-decoding finds nothing to copy in random text, so whatever it would gain on a real model's
+decoding finds little to copy in random text, so whatever it would gain on a real model's
 answers is not in these figures.
 """
 from __future__ import annotations
