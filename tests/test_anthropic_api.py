@@ -11,6 +11,7 @@ import time
 
 import anthropic
 import httpx
+import jsonschema
 import pytest
 
 from tests.devices import cpu_timing
@@ -466,6 +467,20 @@ def test_a_free_tool_with_keywords_the_grammar_cannot_enforce_is_served(server_u
         "model": M, "max_tokens": 4, "messages": ask, "tools": [{**tool, "strict": True}],
         "tool_choice": {"type": "any"}})
     assert strict.status_code == 400 and "tools.0" in strict.json()["error"]["message"]
+
+
+def test_a_call_that_breaks_a_schema_that_is_not_strict_is_a_tool_use_block(claude):
+    """As Anthropic returns one: only `strict` promises the input_schema; the client checks."""
+    schema = {**WEATHER["input_schema"], "not": {"required": ["city"]}}   # every call breaks it
+    msg = claude.messages.create(model=M, max_tokens=48, messages=ASK,
+                                 tools=[{**WEATHER, "input_schema": schema}],
+                                 tool_choice={"type": "any", "disable_parallel_tool_use": True},
+                                 **GREEDY)
+    assert msg.stop_reason == "tool_use" and [b.type for b in msg.content] == ["tool_use"]
+    (block,) = msg.content
+    assert block.name == "get_weather" and isinstance(block.input["city"], str)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(block.input, schema)
 
 
 def test_context_editing_clears_old_tool_results_and_says_so(server_url):

@@ -159,6 +159,29 @@ def test_required_tool_choice_returns_calls_whose_arguments_validate(client, mod
                         WEATHER["function"]["parameters"])
 
 
+# every call breaks this schema (`not` undoes `required`); the grammar of a forced call holds
+# what it can enforce (`not` is dropped), so the call always has a city
+UNSATISFIABLE = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 16}},
+                 "required": ["city"], "additionalProperties": False,
+                 "not": {"required": ["city"]}}
+
+
+def test_a_call_that_breaks_a_schema_that_is_not_strict_is_returned_as_a_call(client,
+                                                                               model_name):
+    """As OpenAI returns one: only `strict: true` promises the schema; the client checks."""
+    tool = {"type": "function", "function": {"name": "get_weather", "parameters": UNSATISFIABLE}}
+    resp = client.chat.completions.create(model=model_name, messages=WEATHER_Q, max_tokens=48,
+                                          temperature=0, tools=[tool], tool_choice="required",
+                                          parallel_tool_calls=False)
+    choice = resp.choices[0]
+    assert choice.finish_reason == "tool_calls" and not choice.message.content
+    (call,) = choice.message.tool_calls
+    arguments = json.loads(call.function.arguments)
+    assert call.function.name == "get_weather" and isinstance(arguments["city"], str)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(arguments, UNSATISFIABLE)
+
+
 def test_a_named_tool_choice_streams_openai_tool_call_deltas(client, model_name):
     stream = client.chat.completions.create(
         model=model_name, messages=WEATHER_Q, max_tokens=48, temperature=0, stream=True,

@@ -78,6 +78,21 @@ def test_required_tool_choice_returns_a_function_call_whose_arguments_validate(c
     jsonschema.validate(json.loads(call.arguments), PARAMS)
 
 
+def test_a_call_that_breaks_a_schema_that_is_not_strict_is_a_function_call_item(client,
+                                                                               model_name):
+    """As OpenAI returns one: only `strict: true` promises the schema; the client checks."""
+    schema = {**PARAMS, "not": {"required": ["city"]}}   # every call breaks it
+    tool = {**WEATHER, "parameters": schema, "strict": False}
+    resp = respond(client, model_name, input=WEATHER_Q, tools=[tool], tool_choice="required",
+                   parallel_tool_calls=False)
+    (item,) = resp.output
+    assert (item.type, item.name) == ("function_call", "get_weather")
+    arguments = json.loads(item.arguments)
+    assert isinstance(arguments["city"], str)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(arguments, schema)
+
+
 def test_a_named_tool_choice_streams_the_call_events_the_sdk_assembles(client, model_name):
     with client.responses.stream(model=model_name, input=WEATHER_Q, tools=[WEATHER],
                                  tool_choice={"type": "function", "name": "get_weather"},

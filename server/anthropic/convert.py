@@ -332,10 +332,10 @@ def _tool(tool: Any, where: str, choice: tuple[str, str | None, bool]) -> Functi
     if not isinstance(schema, dict) or schema.get("type") != "object":
         raise invalid(f"{where}.input_schema", "must be a JSON schema of type 'object'")
     # a 400 naming it if it is invalid; keywords the grammar cannot enforce are a 400 only for
-    # a strict tool (a free call's input is checked against the whole schema once written)
+    # a strict tool (a call to one that is not strict is returned whatever its input)
     enforced = enforceable_schema(schema, f"{where}.input_schema", strict=bool(strict))
     return Function(name, description, schema,
-                    enforced=None if enforced is schema else enforced)
+                    enforced=None if enforced is schema else enforced, strict=bool(strict))
 
 
 # ---- thinking ----------------------------------------------------------------------------------

@@ -82,8 +82,9 @@ def _event(kind: str, **payload) -> bytes:
 @dataclass
 class MessageShape:
     """One answer's blocks as they are built, and its events when it streams. A call whose
-    input is not an object, or breaks its tool's input_schema (a free call is not held to
-    keywords the grammar cannot enforce), stays text, as the model wrote it."""
+    input is not an object (a tool_use block's input is one), or that breaks a strict tool's
+    input_schema, stays text, as the model wrote it; a call to a tool that is not strict is a
+    tool_use block whatever its input, as Anthropic returns one (the client checks it)."""
     model: str
     omit_thinking: bool = False       # thinking.display "omitted": blocks without their text
     tools: list[Function] = field(default_factory=list)

@@ -182,8 +182,9 @@ def split_answer(text: str, tools: bool = False, thinking: Thinking | None = Non
 
 
 def checked_pieces(pieces: list[Piece], functions: list[Function]) -> list[Piece]:
-    """The pieces with each call whose arguments break its function's schema turned back into
-    the text the model wrote, as a call whose JSON does not parse stays text (every API reports
-    such a call the same way)."""
+    """The pieces with each call to a strict function whose arguments break its schema turned
+    back into the text the model wrote, as a call whose JSON does not parse stays text (every
+    API reports such a call the same way; a call to a function that is not strict stays a
+    call, `breaks_schema`)."""
     return [as_written(p) if isinstance(p, ToolCall) and breaks_schema(p, functions) else p
             for p in pieces]

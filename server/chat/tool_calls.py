@@ -45,8 +45,12 @@ class Function:
     parameters: dict = field(default_factory=lambda: {"type": "object", "properties": {}})
     # what of `parameters` a grammar can hold, when not all of it (a tool that is not strict,
     # whose schema has keywords llguidance cannot enforce): a forced call is held to it (the
-    # model sees the whole `parameters`, which /v1/responses checks a written call against)
+    # model sees the whole `parameters`)
     enforced: dict | None = None
+    # the client was promised calls that hold to `parameters` (`strict: true`): a call that
+    # breaks it is not returned as a call (`breaks_schema`); any other call is returned as the
+    # model wrote it, for the client to check, as OpenAI and Anthropic return one
+    strict: bool = False
 
 
 @dataclass
@@ -297,10 +301,12 @@ def validate_arguments(schema: dict, arguments_json: str) -> str | None:
 
 
 def breaks_schema(call: ToolCall, functions: list[Function]) -> bool:
-    """Whether a call's arguments break its function's schema (a call not held to it by a
-    grammar, or held only to what of it a grammar can enforce)."""
+    """Whether a call to a strict function breaks its schema: a call the model wrote while no
+    grammar held it (`tool_choice` "auto"). A call to a function that is not strict is a call
+    whatever its arguments: the client checks them, as it does OpenAI's and Anthropic's."""
     fn = next((f for f in functions if f.name == call.name), None)
-    return fn is not None and validate_arguments(fn.parameters, call.arguments) is not None
+    return (fn is not None and fn.strict
+            and validate_arguments(fn.parameters, call.arguments) is not None)
 
 
 def as_written(call: ToolCall) -> str:

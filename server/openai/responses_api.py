@@ -351,8 +351,8 @@ def call_item(call: ToolCall, done: bool = True, tool: ClientTool | None = None)
 
 
 def custom_input(call: ToolCall) -> str:
-    """A custom tool call's input: its one argument (checked_pieces let through only calls
-    whose arguments hold it)."""
+    """A custom tool call's input: its one argument (a custom tool is strict: checked_pieces
+    lets through only calls whose arguments hold it)."""
     return json.loads(call.arguments)["input"]
 
 

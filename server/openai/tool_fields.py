@@ -6,8 +6,10 @@ calls, calls read back out of the text) is server/chat/tool_calls.py, shared by 
 A function's parameters schema is compiled to a grammar: a `strict` one must be enforceable
 whole (else a 400 naming it); one that is not strict may use keywords the grammar cannot enforce
 (`propertyNames`, …): the model sees the whole schema, a forced call is held to the rest
-(`Function.enforced`), and on /v1/responses every call is checked against the whole schema once
-written (server/openai/responses_api.py `checked_pieces`).
+(`Function.enforced`). A call the model writes is returned as a call whatever its arguments, for
+the client to check, as OpenAI returns one; only a strict function's call that breaks its schema
+(one written under `tool_choice` "auto", which no grammar holds) is text
+(server/chat/answer.py `checked_pieces`).
 
 The Responses API's tools besides `function`:
 - `namespace` (`{"type": "namespace", "name", "description", "tools": [function and custom
@@ -160,7 +162,7 @@ def _named(fn: Any, where: str, flat: bool = False, cls: type[Function] = Functi
     # a 400 naming it if it is invalid, or strict and not enforceable whole
     enforced = enforceable_schema(params, f"{where}.parameters", strict=bool(strict))
     return cls(fn["name"], fn.get("description") or "", params,
-               enforced=None if enforced is params else enforced, **extra)
+               enforced=None if enforced is params else enforced, strict=bool(strict), **extra)
 
 
 _CUSTOM_KEYS = frozenset({"name", "description", "format"}) | _RESPONSES_KEYS - {"output_schema"}
@@ -182,8 +184,10 @@ def _client_tool(tool: dict, where: str, kind: str, namespace: str | None = None
     if not isinstance(description, str):
         raise APIError(400, f"{where}.description must be a string", "invalid_value",
                        f"{where}.description")
+    # strict: a custom call carries its one string argument (`input`), so a call without it
+    # cannot be returned as one
     return ClientTool(name, _custom_description(description, tool.get("format"), where),
-                      _INPUT, own_name=name, namespace=namespace, custom=True)
+                      _INPUT, own_name=name, namespace=namespace, custom=True, strict=True)
 
 
 def _check_callers(tool: dict, where: str) -> None:

@@ -120,6 +120,22 @@ def test_a_call_whose_arguments_are_not_an_object_stays_text():
     assert [b["type"] for b in shape.blocks] == ["text"] and "<tool_call>" in shape.blocks[0]["text"]
 
 
+@pytest.mark.parametrize("strict", [False, True])
+def test_a_call_that_breaks_its_tools_schema_is_a_tool_use_unless_the_tool_is_strict(strict):
+    """As Anthropic returns one: only `strict` promises the input_schema; the client checks the
+    input of any other call."""
+    tool = tools_of(body(tools=[{**WEATHER, "strict": strict}],
+                         tool_choice={"type": "any"})).use.functions
+    shape = MessageShape("m", tools=tool)
+    events(shape.add([ToolCall("get_weather", '{"town": 1}')]) + shape.close())
+    if strict:
+        assert shape.blocks == [{"type": "text", "text": '<tool_call>{"name": "get_weather", '
+                                 '"arguments": {"town": 1}}</tool_call>'}]
+    else:
+        [block] = shape.blocks
+        assert (block["type"], block["input"]) == ("tool_use", {"town": 1})
+
+
 def test_an_empty_answer_is_one_empty_text_block():
     shape = MessageShape("m")
     shape.close()

@@ -2,7 +2,8 @@
 reads back: its first request accepted as sent; namespaced tools offered and their calls named
 as Codex looks tools up (own name plus the item's `namespace`); custom (freeform) tools served
 as functions of one string; hosted tools left out and named; reasoning sealed for the next
-request; a call that breaks its tool's schema kept as text. No model loaded."""
+request; a call that breaks a strict tool's schema kept as text, any other call returned as a
+call. No model loaded."""
 import json
 
 import pydantic
@@ -310,22 +311,35 @@ def test_a_forced_call_is_held_to_what_the_grammar_can_enforce():
     assert not accepts(use.grammar(), call("set_env", {"env": {"PATH": 1}}))
 
 
-def test_a_call_whose_arguments_break_the_whole_schema_stays_text_as_written():
+def test_a_call_that_breaks_the_schema_of_a_tool_that_is_not_strict_is_a_call_as_written():
+    """As OpenAI returns one: only `strict: true` promises the schema; the client checks the
+    arguments of any other call (and tells the model)."""
     body = request(tools=[ENV])
-    [item] = finished(body, "Setting. " + call("set_env", {"env": {"path": "/bin"}}))
+    arguments = {"env": {"path": "/bin"}}          # breaks propertyNames
+    [message, item] = finished(body, "Setting. " + call("set_env", arguments))
+    assert message["content"][0]["text"] == "Setting."
+    assert (item["type"], item["name"]) == ("function_call", "set_env")
+    assert json.loads(item["arguments"]) == arguments
+
+
+def test_a_call_that_breaks_a_strict_tools_schema_stays_text_as_written():
+    body = request(tools=[{**EXEC, "strict": True}])
+    [item] = finished(body, "Running. " + call("exec_command", {"command": "ls"}))
     assert item["type"] == "message"
-    assert item["content"][0]["text"].startswith("Setting.") and "set_env" in item["content"][0]["text"]
-    [ok] = finished(body, call("set_env", {"env": {"PATH": "/bin"}}))
+    assert item["content"][0]["text"] == 'Running.<tool_call>{"name": "exec_command", ' \
+                                         '"arguments": {"command": "ls"}}</tool_call>'
+    [ok] = finished(body, call("exec_command", {"cmd": "ls"}))
     assert ok["type"] == "function_call"
 
 
-def test_a_streamed_call_that_breaks_its_schema_goes_out_as_text():
-    body = request(tools=[EXEC])
+@pytest.mark.parametrize("strict", [False, True])
+def test_a_streamed_call_that_breaks_its_schema_is_a_call_unless_the_tool_is_strict(strict):
+    body = request(tools=[{**EXEC, "strict": strict}])
     state = api.ResponseState(body, "m", _Req(), api.constraints(body, None).use)
     events = [*state.pieces_events(call("exec_command", {"command": "ls"})), *state.end_events()]
     kinds = [_parse(e).type for e in events]
-    assert "response.function_call_arguments.done" not in kinds
-    assert [i["type"] for i in state.output] == ["message"]
+    assert ("response.function_call_arguments.done" in kinds) is not strict
+    assert [i["type"] for i in state.output] == ["message" if strict else "function_call"]
 
 
 # ---- streamed calls, as the OpenAI SDK parses them -----------------------------------------------

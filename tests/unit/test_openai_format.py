@@ -2,6 +2,8 @@
 import json
 from types import SimpleNamespace
 
+import pytest
+
 from engine.logprobs import TokenLogprob
 from scheduler import FinishReason
 from server.openai.completion_format import OpenAIFormat, usage
@@ -182,16 +184,31 @@ def test_a_streamed_text_chunk_is_the_message_the_dict_path_makes():
                         assert body["usage"] is None
 
 
-def test_a_chat_call_that_breaks_its_functions_schema_stays_text():
-    """As on /v1/responses and /v1/messages: a free call is checked against the whole schema
-    once written, and one that breaks it is not a call."""
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_chat_call_that_breaks_its_functions_schema_is_a_call_unless_it_is_strict(stream):
+    """As OpenAI returns one: a call to a function that is not strict is a call whatever its
+    arguments (the client checks them); one that breaks a strict function's schema (written
+    under tool_choice "auto", which no grammar holds) stays text, as on /v1/responses and
+    /v1/messages."""
     from server.chat.tool_calls import Function
-    fn = Function("get_weather", "", {"type": "object", "properties": {"city": {"type": "string"}},
-                                      "required": ["city"]})
-    fmt = OpenAIFormat("chat", "m", "chatcmpl-1", 0, tools=True, functions=[fn])
-    good, _ = fmt._message('<tool_call>{"name": "get_weather", "arguments": {"city": "Oslo"}}'
-                           '</tool_call>', FinishReason.STOP)
-    bad, reason = fmt._message('<tool_call>{"name": "get_weather", "arguments": {"town": 1}}'
-                               '</tool_call>', FinishReason.STOP)
-    assert good["tool_calls"][0]["function"]["name"] == "get_weather"
-    assert "tool_calls" not in bad and '"town"' in bad["content"] and reason == "stop"
+    schema = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+    written = '<tool_call>{"name": "get_weather", "arguments": {"town": 1}}</tool_call>'
+    for strict in (False, True):
+        fmt = OpenAIFormat("chat", "m", "chatcmpl-1", 0, tools=True,
+                           functions=[Function("get_weather", "", schema, strict=strict)])
+        if stream:
+            deltas = [data(c)["choices"][0] for c in fmt.piece_chunks(written)
+                      + fmt.closing_chunks("", FinishReason.STOP)]
+            calls = [d["delta"]["tool_calls"][0] for d in deltas if d["delta"].get("tool_calls")]
+            text = "".join(d["delta"].get("content") or "" for d in deltas)
+            reason = deltas[-1]["finish_reason"]
+            arguments = "".join(c["function"]["arguments"] for c in calls)
+        else:
+            message, reason = fmt._message(written, FinishReason.STOP)
+            calls, text = message.get("tool_calls", []), message["content"]
+            arguments = calls[0]["function"]["arguments"] if calls else None
+        if strict:
+            assert (calls, text, reason) == ([], written, "stop")
+        else:
+            assert calls[0]["function"]["name"] == "get_weather" and not text
+            assert json.loads(arguments) == {"town": 1} and reason == "tool_calls"
