@@ -3,18 +3,21 @@ tier gets bitwise the cold answer after its cells left the KV streams, after its
 unloaded and loaded again, after a restart, and never from a damaged file."""
 import asyncio
 import logging
+import shutil
+from types import SimpleNamespace
 
 import httpx
 import pytest
 
 from engine import EngineConfig, Model, Request, SamplingParams, Worker
 from kvcache import PrefixStore
-from tests.devices import TEST_GPU_LAYERS
-from tests.server_proc import SMOLLM2, SMOLLM2_NAME, server_process
+from tests.devices import TEST_GPU_LAYERS, cpu_exact
+from tests.server_proc import GEMMA3, SMOLLM2, SMOLLM2_NAME, server_process
 from tests.test_engine import SYSTEM, chat_prompt
 
 QUESTIONS = ["Summarise the rules above in one line.", "Which rule matters most?",
              "Give an example of the second rule."]
+TOP = 20   # the most likely tokens whose logprobs a restored answer must match, every step
 
 
 @pytest.fixture(scope="module")
@@ -34,15 +37,24 @@ def worker(model, tiers, **overrides):
 
 def answer(w, prompt):
     """(text, cached tokens, where they came from) of a greedy answer."""
+    text, _, cached, tier = scored(w, prompt, top=0)
+    return text, cached, tier
+
+
+def scored(w, prompt, top=TOP, max_tokens=12):
+    """(text, per step the sampled token's logprob and the `top` most likely tokens' (token,
+    piece, logprob), cached tokens, where they came from) of a greedy answer."""
     async def main():
-        req = Request(list(prompt), SamplingParams(max_tokens=12, temperature=0))
-        queue, parts = w.submit(req), []
+        req = Request(list(prompt), SamplingParams(max_tokens=max_tokens, temperature=0,
+                                                   logprobs=top or None))
+        queue, parts, steps = w.submit(req), [], []
         while True:
             event = await queue.get()
             assert event.error is None, event.error
             parts.append(event.text)
+            steps += [(lp.token, lp.logprob, lp.top) for lp in event.logprobs or []]
             if event.finish_reason:
-                return "".join(parts), req.num_cached, req.state.seq.cached_tier
+                return "".join(parts), steps, req.num_cached, req.state.seq.cached_tier
     return asyncio.run(main())
 
 
@@ -126,3 +138,161 @@ def test_a_restarted_server_answers_a_long_prompt_from_its_disk(tmp_path):
     assert health["prefix_cache_tiers"]["disk"]["hits"] == 1
     assert f"cached={cached} cached_from=disk" in log
     assert health["prefix_cache_tiers"]["disk"]["state"].startswith("on")
+
+
+@cpu_exact
+@pytest.mark.parametrize("unified", [False, True], ids=["split", "unified"])
+def test_restored_prefixes_give_the_cold_logprobs_bitwise(model, tmp_path, unified):
+    """Not only the greedy tokens: every step's logprob and top-20 logprobs after a restore
+    from RAM and from disk are the cold computation's floats, exactly, in either KV layout."""
+    prompt = chat_prompt(model, QUESTIONS[1], SYSTEM * 3)
+    store = PrefixStore(ram_limit=1 << 30, disk_dir=tmp_path, disk_limit=1 << 30, min_tokens=64)
+    w = worker(model, store, kv_unified=unified)
+    try:
+        text, cold, cached, tier = scored(w, prompt)
+        assert cached < 16 and tier == "kv" and len(cold) == 12
+        assert all(len(top) == TOP for _, _, top in cold)
+    finally:
+        w.stop()                 # saves the prefix to the tiers
+    for expected in ("ram", "disk"):
+        store.flush()
+        if expected == "disk":   # a new process: only the disk is left
+            store = PrefixStore(ram_limit=1 << 30, disk_dir=tmp_path, disk_limit=1 << 30,
+                                min_tokens=64)
+        w = worker(model, store, kv_unified=unified)   # a new context: the streams are empty
+        try:
+            got_text, got, cached, tier = scored(w, prompt)
+        finally:
+            w.stop()
+        assert (tier, cached > len(prompt) - 16) == (expected, True)
+        assert (got_text, got) == (text, cold)
+
+
+# ---- a model with sliding-window layers (Gemma 3): snapshots restored whole or not at all ---------
+GEMMA_TURN = "<start_of_turn>user\n{}<end_of_turn>\n<start_of_turn>model\n"
+
+
+@pytest.fixture(scope="module")
+def gemma():
+    m = Model(GEMMA3, n_gpu_layers=TEST_GPU_LAYERS)
+    yield m
+    m.close()
+
+
+def gemma_worker(gemma, tiers):
+    return worker(gemma, tiers, n_ctx=2048, max_batch_tokens=256, prefill_chunk=128)
+
+
+def tiers_in(directory, ram=1 << 30):
+    return PrefixStore(ram_limit=ram, disk_dir=directory, disk_limit=1 << 30, min_tokens=64)
+
+
+def first_turn(gemma, directory, system):
+    """A first turn computed and saved to RAM and a directory (its prompt only: the answer's
+    first token ends it, so every cell was computed as a prompt is), and the next turn's
+    prompt, which continues the whole snapshot, with its cold answer."""
+    first = gemma.tokenize(GEMMA_TURN.format(f"{system}\n{QUESTIONS[0]}"))
+    store = tiers_in(directory)
+    w = gemma_worker(gemma, store)
+    try:
+        assert scored(w, first, top=0, max_tokens=1)[2:] == (0, "kv")
+    finally:
+        w.stop()                 # saves the prefix to the tiers
+    store.flush()
+    (snap,) = w.context.tiers.snapshots()
+    assert snap.tokens == tuple(first[:len(first) // 8 * 8])
+    (path,) = directory.glob("*/*.kv")
+    prompt = list(first) + gemma.tokenize("<end_of_turn>\n" + GEMMA_TURN.format(QUESTIONS[1]),
+                                          add_special=False)
+    w = gemma_worker(gemma, None)
+    try:
+        text, steps, cached, _ = scored(w, prompt)
+    finally:
+        w.stop()
+    assert cached == 0 and len(steps) == 12
+    return SimpleNamespace(store=store, dir=directory, path=path, snap=snap, prompt=prompt,
+                           cold=(text, steps))
+
+
+def restored_answers(gemma, turn):
+    """{tier: (text, steps)} of the next turn restored from RAM, then from disk alone."""
+    out = {}
+    for tier in ("ram", "disk"):
+        store = turn.store if tier == "ram" else tiers_in(turn.dir)   # "disk": a new process
+        w = gemma_worker(gemma, store)    # a new context: the streams are empty
+        try:
+            text, steps, cached, got = scored(w, turn.prompt)
+        finally:
+            w.stop()
+        assert (got, cached) == (tier, turn.snap.n_tokens)
+        out[tier] = (text, steps)
+    return out
+
+
+@pytest.fixture(scope="module")
+def turn(gemma, tmp_path_factory):
+    """A first turn within the sliding window (its state holds every cell)."""
+    t = first_turn(gemma, tmp_path_factory.mktemp("gemma-tiers"), SYSTEM * 2)
+    assert len(t.snap.tokens) < gemma.n_swa
+    return t
+
+
+@cpu_exact
+def test_a_sliding_window_model_restores_a_whole_snapshot_to_the_cold_logprobs(gemma, turn):
+    """Every step's logprob and top-20 logprobs, from RAM and from disk, are the cold floats."""
+    assert restored_answers(gemma, turn) == {"ram": turn.cold, "disk": turn.cold}
+
+
+@cpu_exact
+@pytest.mark.xfail(strict=True, reason=(
+    "a state past the sliding window holds only the window's cells, restored into other cells "
+    "of the window's cache than the cold computation used: from the first decoded token on the "
+    "logprobs differ (by up to 0.12 in a top-20 logprob, 2026 measurement; the 12 greedy tokens "
+    "happened to agree), so a restore there is not bitwise the cold answer"))
+def test_a_restore_past_the_sliding_window_gives_the_cold_logprobs(gemma, tmp_path):
+    t = first_turn(gemma, tmp_path, SYSTEM * 5)
+    assert len(t.snap.tokens) > gemma.n_swa > 0     # the state keeps only the window's cells
+    got = restored_answers(gemma, t)
+    assert got["ram"][0] == got["disk"][0] == t.cold[0]       # the text: it holds today
+    assert got == {"ram": t.cold, "disk": t.cold}
+
+
+@cpu_exact
+def test_a_truncated_sliding_window_snapshot_is_never_restored(gemma, turn, tmp_path, caplog):
+    cut = tmp_path / turn.path.parent.name / turn.path.name
+    cut.parent.mkdir()
+    shutil.copyfile(turn.path, cut)
+    with open(cut, "r+b") as f:          # the state's last bytes lost (a disk that filled up)
+        f.truncate(cut.stat().st_size - 4096)
+    store = tiers_in(tmp_path, ram=0)
+    w = gemma_worker(gemma, store)
+    try:
+        with caplog.at_level(logging.WARNING, "pagedllama.kvcache"):
+            text, steps, cached, tier = scored(w, turn.prompt)
+    finally:
+        w.stop()
+    assert (cached, tier) == (0, "kv") and (text, steps) == turn.cold
+    assert (store.counts["disk"].hits, store.counts["disk"].bad) == (0, 1)
+    assert "truncated" in caplog.text
+    assert not cut.exists()
+
+
+@cpu_exact
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
+    "nothing compares a state's cells with its tokens: the state is loaded, and the next "
+    "decode fails (llama_decode returns -1 on the positions that are missing), failing the "
+    "request instead of computing the prompt"))
+def test_a_state_shorter_than_its_tokens_is_never_restored(gemma, turn):
+    """A snapshot whose state holds fewer cells than its tokens (the KV of the first turn's
+    blocks, kept as if it held one block more) is not restored: the prompt is computed."""
+    short = turn.snap.data
+    assert short is not None
+    longer = turn.prompt[:turn.snap.n_tokens + 8]
+    store = tiers_in(None)
+    w = gemma_worker(gemma, store)
+    try:
+        w.context.tiers.put(longer, short)
+        text, steps, cached, tier = scored(w, turn.prompt)
+    finally:
+        w.stop()
+    assert (cached, tier) == (0, "kv") and (text, steps) == turn.cold
