@@ -376,6 +376,21 @@ def _warn_reference_path() -> None:
                 "(build llama.cpp with `make setup`, or set PAGEDLLAMA_FLASH_ATTN=0)")
 
 
+def state_covers(pos_range: tuple[int, int], n_tokens: int, window_only: bool) -> bool:
+    """Whether a sequence whose cells span positions `pos_range` holds the KV of `n_tokens`
+    tokens from position 0: a state saved for tokens it does not hold would restore too few
+    cells, and the next decode would fail. On a model with sliding-window layers llama.cpp keeps
+    only the window before the last position, so there the first position may be later.
+
+    Such a model's states are kept only up to the window's width (Context.apply): past it, the
+    window's cells are restored into other cells of its cache than the cold computation had
+    used (it reuses the cells of positions that left the window), and attention, which sums
+    over cells in their order, gives other bits (measured on Gemma 3: top logprobs off by up to
+    0.12 after a 620-token restore, bitwise equal within its 512-token window)."""
+    p0, p1 = pos_range
+    return p1 == n_tokens - 1 and (p0 == 0 or window_only and p0 > 0)
+
+
 @dataclass
 class ContextConfig:
     n_ctx: int = 8192
@@ -595,7 +610,15 @@ class Context:
             elif isinstance(op, SnapshotOp):
                 if self.tiers is not None:
                     t0 = time.perf_counter()
+                    if self.tiers.whole_only and len(op.tokens) > self.model.n_swa:
+                        continue    # past a sliding window a restore is not exact (window_only)
                     self._settle(op.seq)
+                    span = self.seq_pos_range(op.seq)
+                    if not state_covers(span, len(op.tokens), self.tiers.whole_only):
+                        log.warning("not saving the state of seq %d: its cells (positions "
+                                    "%d-%d) do not hold the %d tokens it was to be kept for",
+                                    op.seq, *span, len(op.tokens))
+                        continue
                     data = self.state_bytes(op.seq)
                     t1 = time.perf_counter()
                     self.tiers.put(op.tokens, data)

@@ -244,17 +244,20 @@ def test_a_sliding_window_model_restores_a_whole_snapshot_to_the_cold_logprobs(g
 
 
 @cpu_exact
-@pytest.mark.xfail(strict=True, reason=(
-    "a state past the sliding window holds only the window's cells, restored into other cells "
-    "of the window's cache than the cold computation used: from the first decoded token on the "
-    "logprobs differ (by up to 0.12 in a top-20 logprob, 2026 measurement; the 12 greedy tokens "
-    "happened to agree), so a restore there is not bitwise the cold answer"))
-def test_a_restore_past_the_sliding_window_gives_the_cold_logprobs(gemma, tmp_path):
-    t = first_turn(gemma, tmp_path, SYSTEM * 5)
-    assert len(t.snap.tokens) > gemma.n_swa > 0     # the state keeps only the window's cells
-    got = restored_answers(gemma, t)
-    assert got["ram"][0] == got["disk"][0] == t.cold[0]       # the text: it holds today
-    assert got == {"ram": t.cold, "disk": t.cold}
+def test_a_sliding_window_models_state_is_not_kept_past_its_window(gemma, tmp_path):
+    """Past the window its cells would be restored into other cells than the cold computation
+    used, and the logprobs differ (engine/llama.py, state_covers): such a state is not kept, and
+    the prompt is computed."""
+    first = gemma.tokenize(GEMMA_TURN.format(f"{SYSTEM * 5}\n{QUESTIONS[0]}"))
+    assert len(first) > gemma.n_swa > 0
+    store = tiers_in(tmp_path)
+    w = gemma_worker(gemma, store)
+    try:
+        assert scored(w, first, top=0, max_tokens=1)[2:] == (0, "kv")
+    finally:
+        w.stop()
+    store.flush()
+    assert w.context.tiers.snapshots() == set() and list(tmp_path.glob("*/*.kv")) == []
 
 
 @cpu_exact
@@ -279,9 +282,11 @@ def test_a_truncated_sliding_window_snapshot_is_never_restored(gemma, turn, tmp_
 
 @cpu_exact
 @pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "nothing compares a state's cells with its tokens: the state is loaded, and the next "
-    "decode fails (llama_decode returns -1 on the positions that are missing), failing the "
-    "request instead of computing the prompt"))
+    "the engine saves a state only for tokens its cells hold (state_covers), but a restore "
+    "does not compare the state's cells with the tokens it is filed under: a state filed "
+    "under more tokens than it holds is loaded, and the next decode fails (llama_decode "
+    "returns -1 on the positions that are missing), failing the request instead of computing "
+    "the prompt"))
 def test_a_state_shorter_than_its_tokens_is_never_restored(gemma, turn):
     """A snapshot whose state holds fewer cells than its tokens (the KV of the first turn's
     blocks, kept as if it held one block more) is not restored: the prompt is computed."""
@@ -296,3 +301,13 @@ def test_a_state_shorter_than_its_tokens_is_never_restored(gemma, turn):
     finally:
         w.stop()
     assert (cached, tier) == (0, "kv") and (text, steps) == turn.cold
+
+
+def test_a_state_is_saved_only_for_tokens_its_cells_hold():
+    from engine.llama import state_covers
+    assert state_covers((0, 99), 100, window_only=False)
+    assert not state_covers((0, 98), 100, window_only=False)     # a position missing at the end
+    assert not state_covers((0, 100), 100, window_only=False)    # cells beyond the tokens
+    assert not state_covers((-1, -1), 100, window_only=False)    # no cells at all
+    assert not state_covers((40, 99), 100, window_only=False)    # the head gone
+    assert state_covers((40, 99), 100, window_only=True)         # a sliding window keeps no head
