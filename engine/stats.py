@@ -15,13 +15,15 @@ class StepTimes:
     sample_s: float = 0.0      # progress, prefix-cache commits, sampling, stop checks, text
     deliver_s: float = 0.0     # frees, handing events to the event loop
     stopped_steps: int = 0     # background steps stopped (or skipped) for a client's request
+    cut_steps: int = 0         # of those, the ones cut inside llama_decode (it returned 2)
     stopped_s: float = 0.0     # the decode time those stopped steps threw away
 
     def per_step_ms(self) -> dict:
         n = max(1, self.steps)
         return {"steps": self.steps, "decode_calls_per_step": round(self.decode_calls / n, 3),
                 "micro_batches_per_step": round(self.micro_batches / n, 3),
-                "stopped_steps": self.stopped_steps, "stopped_ms": round(1000 * self.stopped_s, 1),
+                "stopped_steps": self.stopped_steps, "cut_steps": self.cut_steps,
+                "stopped_ms": round(1000 * self.stopped_s, 1),
                 **{k: round(1000 * getattr(self, k) / n, 3)
                    for k in ("plan_s", "decode_s", "sample_s", "deliver_s")}}
 

@@ -68,6 +68,11 @@ class Observer:
 
     def on_finish(self, worker: Worker, req: Request) -> None: ...
 
+    def on_background_stop(self, worker: Worker, chunks: list, cut: bool) -> None:
+        """A step of background work stopped for a client's request: `cut` when its
+        llama_decode was cut part-way (it returned 2), else skipped before it began. The
+        chunks' KV positions are removed already and they will be planned again."""
+
 
 class QueueFull(Exception):
     pass
@@ -333,7 +338,7 @@ class Worker:
             if plan.background:   # a client's request stops it; one already here skips it
                 self.context.clear_stop()
                 if self._client_waiting():
-                    self._stop_pieces(group, 0.0)
+                    self._stop_pieces(group, 0.0, cut=False)
                     return events
             t = time.perf_counter()
             status = self.context.decode(pieces, stoppable=plan.background)
@@ -344,7 +349,7 @@ class Worker:
             times.decode_s += seconds
             self._step_decode_s += seconds
             if status == 2:
-                self._stop_pieces(group, seconds)
+                self._stop_pieces(group, seconds, cut=True)
                 return events
             # a call that ran stream copies first (a prompt continuing another sequence's cells,
             # with split KV) took longer for them: neither a cost to learn nor a neighbour
@@ -372,18 +377,20 @@ class Worker:
         """Whether a client's request (not background work) waits in the inbox."""
         return any(isinstance(m, Admit) and m.req.priority < BACKGROUND for m in list(self.inbox))
 
-    def _stop_pieces(self, group: list, seconds: float) -> None:
-        """A background step stopped for a client's request (or skipped: seconds 0): its
-        pieces' KV positions go (llama.cpp removed those of the micro-batch it stopped in) and
-        the scheduler plans them again."""
+    def _stop_pieces(self, group: list, seconds: float, cut: bool) -> None:
+        """A background step stopped for a client's request: `cut` inside llama_decode, or
+        skipped before it (seconds 0). Its pieces' KV positions go (llama.cpp removed those
+        of the micro-batch it cut) and the scheduler plans them again."""
         for chunk in group:
             self.context.seq_rm(chunk.seq.seq_id, chunk.start, -1)
         self.scheduler.stopped(group)
         self._step_stopped = True
         self.times.stopped_steps += 1
+        self.times.cut_steps += int(cut)
         self.times.stopped_s += seconds
-        log.debug("engine %s: a background step stopped for a client's request after %.1f ms",
-                  self.name, seconds * 1000)
+        self.observer.on_background_stop(self, group, cut)
+        log.debug("engine %s: a background step %s for a client's request after %.1f ms",
+                  self.name, "cut" if cut else "skipped", seconds * 1000)
 
     def _sample(self, group: list) -> list[Delivery]:
         """Sample every chunk that wants logits, now: the next decode overwrites them. What

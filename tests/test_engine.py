@@ -7,9 +7,15 @@ import pytest
 
 from engine import EngineConfig, Model, Request, SamplingParams, Worker
 from engine.llama import Attention
+from engine.worker import Observer
 from scheduler.sequence import BACKGROUND
 from tests.devices import TEST_GPU_LAYERS, cpu_exact
-from tests.engine_helpers import assert_books_match_kv, computes_on_a_thread_of_its_own, idle
+from tests.engine_helpers import (
+    assert_books_match_kv,
+    computes_on_a_thread_of_its_own,
+    idle,
+    kv_positions,
+)
 from tests.server_proc import GEMMA3, SMOLLM2
 
 SYSTEM = ("You are a meticulous assistant. Answer briefly, cite facts, avoid speculation, and "
@@ -23,10 +29,10 @@ def model():
     m.close()
 
 
-def make_worker(model, **overrides):
+def make_worker(model, observer=None, **overrides):
     cfg = dict(n_ctx=1024, max_seqs=8, cache_seqs=8, max_batch_tokens=128, prefill_chunk=32)
     cfg.update(overrides)
-    worker = Worker("test", model, EngineConfig(**cfg))
+    worker = Worker("test", model, EngineConfig(**cfg), observer=observer)
     worker.start()
     return worker
 
@@ -203,38 +209,76 @@ def test_a_swapped_greedy_request_finishes_with_its_unpreempted_output(model):
             worker.stop()
 
 
-@pytest.mark.parametrize("unified", [False, True])
-def test_a_clients_request_stops_a_background_step_and_changes_no_answer(model, unified):
-    """A step of background work alone (a batch line) stops when a client's request arrives:
-    llama.cpp's decode is cut short, the line's pieces leave the KV cache and are computed again
-    later. The line and the chats end with the answers they get alone, and the books agree
-    with llama.cpp."""
-    worker = make_worker(model, kv_unified=unified, prefix_caching=False, max_batch_tokens=256)
-    try:
-        text = " ".join(f"{QUESTIONS[i % 6]} {SYSTEM}" for i in range(3))
-        line_prompt = chat_prompt(model, "Summarize this: " + text)[:700]
-        chats = [chat_prompt(model, q) for q in QUESTIONS[:4]]
-        line_alone = run_all(worker, [line_prompt], max_tokens=24, priority=BACKGROUND)[0]
-        chats_alone = run_all(worker, chats, max_tokens=6)
+class BackgroundStops(Observer):
+    """Each background step stopped: whether its decode was cut, and per piece its start and
+    end, its sequence's computed tokens and the positions llama.cpp's KV holds for it, read on
+    the worker thread right after the engine removed the stopped pieces (before anything else
+    runs)."""
 
+    def __init__(self):
+        self.seen: list[tuple[bool, list[tuple[int, int, int, list[int]]]]] = []
+
+    def on_background_stop(self, worker, chunks, cut):
+        self.seen.append((cut, [(c.start, c.end, c.seq.num_computed,
+                                 kv_positions(worker.context, c.seq.seq_id)) for c in chunks]))
+
+
+# the cut is a CPU fact (llama.cpp's CPU backend calls the abort callback; on a GPU background
+# steps are only kept short), and the answers compared are exact on the CPU only
+@cpu_exact
+@pytest.mark.parametrize("unified", [False, True], ids=["split", "unified"])
+def test_a_clients_request_cuts_a_background_decode_and_changes_no_answer(model, unified):
+    """A step of background work alone (a batch line) is cut inside llama_decode when a
+    client's request arrives: the decode returns 2, the cut piece's cells leave the KV cache
+    while the line's earlier steps stay, and the piece is computed again later. The line and
+    the chats end with the answers they get alone, and, with prefix caching on (the chats take
+    the system prompt from the line's cells), the books agree with llama.cpp cell by cell.
+
+    The line's prompt (~700 tokens) is computed in steps of 256 tokens (nobody decodes, so a
+    step takes the whole budget; ~0.5-1 s each on 2 cores); the first chat is sent 50 ms after
+    the line's first step ended, so it arrives during the second step's decode. A cut call here
+    is one micro-batch (one line), so the cells found gone at the cut are the ones llama.cpp
+    removed itself."""
+    text = " ".join(f"{QUESTIONS[i % 6]} {SYSTEM}" for i in range(3))
+    line_prompt = chat_prompt(model, "Summarize this: " + text)[:700]
+    chats = [chat_prompt(model, q) for q in QUESTIONS[:4]]
+    stops = BackgroundStops()
+    worker = make_worker(model, observer=stops, kv_unified=unified, max_batch_tokens=256)
+    try:
         async def main():
             line = asyncio.ensure_future(generate(worker, line_prompt, max_tokens=24,
                                                   priority=BACKGROUND))
             answers = []
-            for prompt in chats:   # until one arrives during a background step
-                while not any(s.num_computed for s in worker.scheduler.running):
-                    await asyncio.sleep(0.002)
+            for prompt in chats:   # until one arrives during a background decode
+                computed = {s.num_computed for s in worker.scheduler.running}
+                while {s.num_computed for s in worker.scheduler.running} in (computed, {0}):
+                    await asyncio.sleep(0.002)   # a background step just ended: the next runs
+                await asyncio.sleep(0.05)
                 answers.append(await generate(worker, prompt, max_tokens=6))
-                if worker.times.stopped_steps:
+                if worker.times.cut_steps:
                     break
             return await line, answers
         line, answers = asyncio.run(main())
-        assert worker.times.stopped_steps >= 1
-        assert line == line_alone and answers == chats_alone[:len(answers)]
         idle(worker)
         assert_books_match_kv(worker)
+        assert worker.manager.hit_tokens > 0   # a chat's system prompt from the line's cells
     finally:
         worker.stop()
+    cuts = [pieces for cut, pieces in stops.seen if cut]
+    assert worker.times.cut_steps == len(cuts) >= 1, stops.seen
+    for pieces in cuts:
+        for start, end, computed, positions in pieces:
+            # the piece was not counted, and the KV holds the line's earlier steps, not it
+            assert 0 < start == computed < end, (start, end, computed)
+            assert positions == list(range(computed)), (computed, positions[-1:])
+
+    alone = make_worker(model, kv_unified=unified, prefix_caching=False)
+    try:
+        line_alone = run_all(alone, [line_prompt], max_tokens=24, priority=BACKGROUND)[0]
+        chats_alone = run_all(alone, chats[:len(answers)], max_tokens=6)
+    finally:
+        alone.stop()
+    assert line == line_alone and answers == chats_alone
 
 
 @cpu_exact
