@@ -62,6 +62,8 @@ class EngineConfig:
     max_draft: int = 8                # drafted tokens a sequence may verify in one step
     spec_policy: str = "adaptive"     # "adaptive": where the measured costs say drafts pay;
                                       # "always": every draft, whole (tests, measurements)
+    embed_tokens: int = 2048          # the longest input of an embedding request: its own
+                                      # context's length (capped at n_ctx); it is one ubatch
 
     def __post_init__(self):
         self.preemption = Preemption(self.preemption)
@@ -103,6 +105,11 @@ class EngineConfig:
         return max(self.max_batch_tokens, self.wave_batch_tokens)
 
     @property
+    def embed_ctx(self) -> int:
+        """The embedding context's length: the longest input of an embedding request."""
+        return max(1, min(self.embed_tokens, self.n_ctx))
+
+    @property
     def max_swapped_tokens(self) -> int:
         return self.n_ctx if self.swap_tokens is None else self.swap_tokens
 
@@ -129,7 +136,7 @@ class EngineConfig:
                             n_outputs_max=self.n_outputs_max,
                             swap_tokens=self.max_swapped_tokens
                             if self.preemption is Preemption.SWAP else 0,
-                            speculative=self.speculative != "off")
+                            speculative=self.speculative != "off", embed_ctx=self.embed_ctx)
 
     @property
     def n_seq_max(self) -> int:

@@ -13,8 +13,9 @@ The parts, as llama.cpp allocates them on the CPU:
   batch's outputs in an output buffer;
 - swapped sequence states: a preempted sequence's KV saved to RAM, at most `swap_tokens` tokens
   of it per context (the scheduler recomputes beyond that);
-- the embedding context of `/v1/embeddings`, created on its first use: its own cache of `n_ctx`
-  cells for one sequence and a compute buffer for an `n_ctx`-token batch;
+- the embedding context of `/v1/embeddings`, created on its first use: its own cache of
+  `embed_ctx` cells (the longest embedding input, capped at `n_ctx`) for one sequence and a
+  compute buffer for a batch of that many tokens;
 - the Python side of a loaded model: token pieces, the token bound, the chat template; with
   speculative decoding, each context's shared n-gram table (engine/drafting.py, 12 MiB).
 
@@ -148,6 +149,7 @@ class ContextShape:
     n_outputs_max: int    # logits rows of the largest batch
     swap_tokens: int      # tokens of KV a context may hold swapped out in RAM
     speculative: bool = False   # drafts: a shared n-gram table per context
+    embed_ctx: int = 0          # the embedding context's length (0: n_ctx)
 
 
 @dataclass(frozen=True)
@@ -207,11 +209,12 @@ def estimate(shape: ModelShape, ctx: ContextShape, contexts: int = 1) -> MemoryE
     swap = int(ctx.swap_tokens * shape.kv_cell_bytes(ctx.kv_type))
     table = SharedTable.bytes_for() if ctx.speculative else 0
     python = PYTHON_FIXED + PYTHON_PER_TOKEN * shape.n_vocab + table * contexts
-    embed_ctx = ContextShape(n_ctx=ctx.n_ctx, max_seqs=1, n_seq_max=1, kv_unified=True,
-                             kv_type="f16", flash_attn=False, n_ubatch=ctx.n_ctx,
-                             n_outputs_max=ctx.n_ctx, swap_tokens=0)
+    n_embed = ctx.embed_ctx or ctx.n_ctx
+    embed_ctx = ContextShape(n_ctx=n_embed, max_seqs=1, n_seq_max=1, kv_unified=True,
+                             kv_type="f16", flash_attn=False, n_ubatch=n_embed,
+                             n_outputs_max=n_embed, swap_tokens=0)
     embedding = (kv_bytes(shape, embed_ctx)
-                 + compute_bytes(shape, embed_ctx, _pad(ctx.n_ctx)))
+                 + compute_bytes(shape, embed_ctx, _pad(n_embed)))
     return MemoryEstimate(shape.weight_bytes, kv * contexts, compute * contexts,
                           swap * contexts, python, embedding,
                           parts={"kv_per_context": kv, "draft_table": table, "kv_cell_bytes":

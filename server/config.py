@@ -128,6 +128,7 @@ def engine_from_env() -> EngineConfig:
         adaptive_threads=_flag("ADAPTIVE_THREADS", True),
         speculative=_env("SPECULATIVE", "ngram").strip().lower() or "ngram",
         max_draft=int(_env("MAX_DRAFT", "8")),
+        embed_tokens=int(_env("EMBED_MAX_TOKENS", "2048")),
     )
 
 

@@ -226,3 +226,18 @@ def test_continue_final_message_with_a_generation_prompt_is_a_400(base):
     err = error_of(httpx.post(f"{base}/v1/chat/completions", json={
         "model": MODEL, "messages": PREFILL, "continue_final_message": True}), 400)
     assert err["param"] == "continue_final_message"
+
+
+def test_embeddings_work_beside_an_agents_long_context_up_to_their_own_limit():
+    """With the context an agent needs (32,768 tokens) the embedding context keeps its own
+    length (PAGEDLLAMA_EMBED_MAX_TOKENS): it fits the memory budget, and a longer input is a
+    400 that names the limit."""
+    with running_server({"PAGEDLLAMA_N_CTX": "32768", "PAGEDLLAMA_N_CTX_BEYOND_TRAINED": "1",
+                         "PAGEDLLAMA_MAX_SEQS": "2", "PAGEDLLAMA_EMBED_MAX_TOKENS": "256"}) as url:
+        ok = httpx.post(f"{url}/v1/embeddings", json={"model": MODEL, "input": "hi there"},
+                        timeout=120)
+        assert ok.status_code == 200, ok.text
+        assert ok.json()["usage"]["prompt_tokens"] > 0
+        err = error_of(httpx.post(f"{url}/v1/embeddings", timeout=120, json={
+            "model": MODEL, "input": "word " * 400}), 400)
+        assert "256" in err["message"]

@@ -499,7 +499,7 @@ class Models:
                 w.context.close()
             self._drop_model(key)
             raise
-        embedder = Embedder(model, spec.engine.n_ctx, spec.engine.n_threads)
+        embedder = Embedder(model, spec.engine.embed_ctx, spec.engine.n_threads)
         lm = LoadedModel(spec, model, workers, entry.facts, template, embedder, bound)
         for w in workers:
             w.gather.incoming = lambda lm=lm: lm.preparing   # a burst starts in one step

@@ -85,3 +85,16 @@ def test_speculation_adds_its_shared_ngram_table_to_each_context():
     config = EngineConfig().resolved_for(type("M", (), {"on_gpu": False, "has_k_quants": False}))
     assert config.memory_shape().speculative   # on by default
     assert not replace(config, speculative="off").memory_shape().speculative
+
+
+def test_the_embedding_context_is_sized_by_the_longest_embedding_input_not_the_context():
+    """An agent's server (N_CTX 32,768) keeps a 2,048-token embedding context: estimated as a
+    2,048-token server's, not the tens of GiB a whole-context batch would take."""
+    from dataclasses import replace
+    smol = read_shape(SMOLLM2)
+    agent, small = shape(n_ctx=32768, max_seqs=2, n_seq_max=2), shape()
+    assert estimate(smol, replace(agent, embed_ctx=2048)).embedding == \
+        estimate(smol, small).embedding < 1536 * MiB
+    assert estimate(smol, agent).embedding > 16 * 1024 * MiB     # the whole context: refused
+    config = EngineConfig(n_ctx=32768, embed_tokens=2048)
+    assert config.embed_ctx == 2048 and EngineConfig(n_ctx=512).embed_ctx == 512
