@@ -64,6 +64,8 @@ class EngineConfig:
                                       # "always": every draft, whole (tests, measurements)
     embed_tokens: int = 2048          # the longest input of an embedding request: its own
                                       # context's length (capped at n_ctx); it is one ubatch
+    probe_dir: str | None = None      # where the speculation probe's answers are kept across
+                                      # restarts (engine/speculation.py); None: this process only
 
     def __post_init__(self):
         self.preemption = Preemption(self.preemption)

@@ -24,7 +24,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -46,13 +45,8 @@ _probed: dict[tuple, bool] = {}
 _probed_lock = threading.Lock()
 # ... and across processes (a server started again): a small JSON file of answers by a digest
 # of the same key plus what else decides the numbers (llama.cpp's version, build and libraries,
-# the CPU), in PAGEDLLAMA_PROBE_DIR (default: the user's cache directory).
+# the CPU), in the config's probe_dir (PAGEDLLAMA_PROBE_DIR; default: the user's cache directory).
 PROBE_FILE = "speculation-probes.json"
-
-
-def probe_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(os.environ.get("PAGEDLLAMA_PROBE_DIR") or Path(base) / "pagedllama")
 
 
 def _cpu_name() -> str:
@@ -111,7 +105,7 @@ def speculation_mode(name: str, model: Model, context: Context,
 def _probe_pieces(model: Model, context: Context, config: EngineConfig) -> bool:
     """The probe on one thread: answers do not depend on the thread count, and two threads next
     to a busy process stall at llama.cpp's barriers before the lease can react. Its answer is
-    kept for the process (`_probed`) and on disk (`probe_dir`: a server started again on the
+    kept for the process (`_probed`) and on disk (`config.probe_dir`: a server started again on the
     same model, llama.cpp and CPU starts ~2 s sooner)."""
     longest = min(config.max_draft + 1, config.step_tokens, config.n_outputs_max)
     lengths = tuple(sorted(k for k in {2, 3, 5, 9, longest} if k <= longest))
@@ -122,8 +116,9 @@ def _probe_pieces(model: Model, context: Context, config: EngineConfig) -> bool:
            lengths)
     with _probed_lock:
         if key not in _probed:
-            path, digest = probe_dir() / PROBE_FILE, _disk_key(key)
-            known = _read_probes(path).get(digest)
+            kept = Path(config.probe_dir) / PROBE_FILE if config.probe_dir else None
+            digest = _disk_key(key)
+            known = _read_probes(kept).get(digest) if kept else None
             if isinstance(known, bool):
                 _probed[key] = known
                 return known
@@ -132,7 +127,8 @@ def _probe_pieces(model: Model, context: Context, config: EngineConfig) -> bool:
                 _probed[key] = context.pieces_match_decoding(lengths=lengths)
             finally:
                 context.set_threads(config.n_threads)
-            _write_probe(path, digest, _probed[key])
+            if kept:
+                _write_probe(kept, digest, _probed[key])
         return _probed[key]
 
 

@@ -12,7 +12,6 @@ from pydantic import ValidationError
 from engine import EngineConfig
 from server.durations import parse_keep_alive
 from server.openai.bodies import SamplingFields
-from server.openai.sealing import state_dir
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_MODEL = ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -45,10 +44,15 @@ class EdgeLimits:
     max_upload_bytes: int = 100 * 1024**2 + 64 * 1024
 
 
+# where the server keeps its state (the Batch API's store, the reasoning key) without
+# PAGEDLLAMA_STATE_DIR; the start-up probes' answers too, without PAGEDLLAMA_PROBE_DIR
+DEFAULT_STATE_DIR = Path.home() / ".cache" / "pagedllama"
+
+
 @dataclass
 class BatchSettings:
     """The Batch API (server/batch/): where its store lives and what it takes."""
-    state_dir: Path = Path.home() / ".cache" / "pagedllama"   # the store: state_dir/batch
+    state_dir: Path = DEFAULT_STATE_DIR   # the store: state_dir/batch
     max_file_bytes: int = 100 * 1024**2   # an uploaded file
     max_lines: int = 50_000               # request lines in one batch
     max_active: int = 4                   # batches not finished (validating, running, ...)
@@ -83,6 +87,8 @@ class Settings:
     beyond_trained: bool = False            # n_ctx may exceed the model's trained context
     max_output: int | None = None           # most tokens one answer may have (llama-server's -n)
     tools_first: bool = True                # tool definitions before the system text (prompts)
+    reasoning_key: str | None = None        # seals reasoning (server/openai/sealing.py)
+    state_dir: Path = DEFAULT_STATE_DIR     # the reasoning key's file when no key is given
     batch: BatchSettings = field(default_factory=BatchSettings)
     cache: CacheSettings = field(default_factory=CacheSettings)
 
@@ -93,6 +99,24 @@ def _env(name: str, default: str) -> str:
 
 def _flag(name: str, default: bool) -> bool:
     return _env(name, "1" if default else "0").strip().lower() in ("1", "true", "yes", "on")
+
+
+def state_dir() -> Path:
+    """PAGEDLLAMA_STATE_DIR: where the server keeps its state."""
+    return Path(_env("STATE_DIR", "") or DEFAULT_STATE_DIR)
+
+
+def probe_dir() -> Path:
+    """PAGEDLLAMA_PROBE_DIR: where the speculative-decoding probes' answers are kept across
+    restarts (engine/speculation.py); default: the user's cache directory."""
+    base = os.environ.get("XDG_CACHE_HOME")
+    return Path(_env("PROBE_DIR", "") or (Path(base) / "pagedllama" if base
+                                           else DEFAULT_STATE_DIR))
+
+
+def cors_origins() -> list[str]:
+    """PAGEDLLAMA_CORS_ORIGINS: comma-separated origins (or `*`); none: no CORS headers."""
+    return [o.strip() for o in _env("CORS_ORIGINS", "").split(",") if o.strip()]
 
 
 def _int_or_none(name: str) -> int | None:
@@ -129,6 +153,7 @@ def engine_from_env() -> EngineConfig:
         speculative=_env("SPECULATIVE", "ngram").strip().lower() or "ngram",
         max_draft=int(_env("MAX_DRAFT", "8")),
         embed_tokens=int(_env("EMBED_MAX_TOKENS", "2048")),
+        probe_dir=str(probe_dir()),
     )
 
 
@@ -188,7 +213,8 @@ def load_settings() -> Settings:
                     _flag("ELASTIC_THREADS", True), _flag("REPACK_WEIGHTS", False),
                     budget, source, float(_env("LOAD_TIMEOUT", "300")),
                     _flag("N_CTX_BEYOND_TRAINED", False), _int_or_none("MAX_OUTPUT"),
-                    _flag("TOOLS_FIRST", True), batch, cache_from_env())
+                    _flag("TOOLS_FIRST", True), os.environ.get("PAGEDLLAMA_REASONING_KEY") or None,
+                    state_dir(), batch, cache_from_env())
 
 
 def cache_from_env() -> CacheSettings:

@@ -21,10 +21,11 @@ from server.api import (
     router_info,
 )
 from server.batch.runner import BatchRunner
-from server.config import load_settings
+from server.config import cors_origins, load_settings
 from server.http import cors, errors, exposure, openapi, protocol
 from server.http.drain import Drain
 from server.http.edge import Edge
+from server.openai import sealing
 from server.service.leases import ModelLeases
 from server.service.service import Service
 
@@ -52,6 +53,7 @@ async def lifespan(app: FastAPI):
     settings = load_settings()
     _setup_logging(settings.log_level)
     app.state.settings = settings
+    sealing.configure(settings.reasoning_key, settings.state_dir)
     uvicorn_server = protocol.uvicorn_server()    # before the drain takes SIGTERM from uvicorn
     service = Service(settings, _observer())
     service.start()
@@ -114,7 +116,7 @@ openapi.install(app)
 # it, the models a request uses stay held until its answer has been sent.
 app.add_middleware(ModelLeases)   # a request holds its models until its exchange ends
 app.add_middleware(Edge)
-cors.install(app, cors.origins_from_env())
+cors.install(app, cors_origins())
 app.include_router(openai.router, dependencies=[Depends(require_api_key)])
 app.include_router(responses.router, dependencies=[Depends(require_api_key)])
 app.include_router(anthropic.router, dependencies=[Depends(require_api_key)])

@@ -384,7 +384,6 @@ def test_the_probe_runs_once_per_model_file_and_kernel_and_is_kept_on_disk(model
     process started later reads the answers from disk; an unreadable file is probed again."""
     from engine import speculation
     monkeypatch.setattr(speculation, "_probed", {})
-    monkeypatch.setenv("PAGEDLLAMA_PROBE_DIR", str(tmp_path))
     calls = []
     probe = Context.pieces_match_decoding
 
@@ -394,7 +393,8 @@ def test_the_probe_runs_once_per_model_file_and_kernel_and_is_kept_on_disk(model
     monkeypatch.setattr(Context, "pieces_match_decoding", counted)
 
     def make(kv_type):   # drafts of 1 token: the probe's shortest form, one piece length
-        return make_worker(model, flash_attn=True, kv_type=kv_type, max_draft=1)
+        return make_worker(model, flash_attn=True, kv_type=kv_type, max_draft=1,
+                           probe_dir=str(tmp_path))
     for kv_type, probes in (("f16", 1), ("f16", 1), ("q8_0", 2)):
         worker = make(kv_type)
         try:

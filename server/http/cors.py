@@ -1,17 +1,10 @@
-"""CORS for browsers: PAGEDLLAMA_CORS_ORIGINS (comma-separated origins, or `*`); unset = no CORS
+"""CORS for browsers: the origins of PAGEDLLAMA_CORS_ORIGINS (server/config.py); none = no CORS
 headers at all. Starlette's CORSMiddleware is a pure ASGI middleware (not BaseHTTPMiddleware), so
 client disconnects still reach the routes and cancel their requests."""
 from __future__ import annotations
 
-import os
-
 from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
-
-
-def origins_from_env() -> list[str]:
-    raw = os.environ.get("PAGEDLLAMA_CORS_ORIGINS", "")
-    return [o.strip() for o in raw.split(",") if o.strip()]
 
 
 def install(app: FastAPI, origins: list[str]) -> None:

@@ -3,9 +3,11 @@
 next request, where only this server can open it.
 
 AES-256-GCM (authenticated: a token altered or sealed under another key does not open) under a
-server key: `PAGEDLLAMA_REASONING_KEY` (any string, hashed to a key) when set, else a random key
-kept in `reasoning.key` (mode 0600) under `PAGEDLLAMA_STATE_DIR` (default
-`~/.cache/pagedllama`), created on first use, so sealed reasoning still opens after a restart.
+server key, set at start-up by `configure` from the settings: `PAGEDLLAMA_REASONING_KEY` (any
+string, hashed to a key) when set, else a random key kept in `reasoning.key` (mode 0600) under
+`PAGEDLLAMA_STATE_DIR` (default `~/.cache/pagedllama`), created on first use, so sealed
+reasoning still opens after a restart. Not configured (a unit test): a random key for the
+process.
 A token is URL-safe base64 of a version byte, a 12-byte nonce and the ciphertext with its tag.
 """
 from __future__ import annotations
@@ -21,8 +23,6 @@ from pathlib import Path
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-KEY_ENV = "PAGEDLLAMA_REASONING_KEY"
-STATE_DIR_ENV = "PAGEDLLAMA_STATE_DIR"
 KEY_FILE = "reasoning.key"
 _VERSION = b"\x01"
 _NONCE = 12
@@ -30,6 +30,8 @@ _AAD = b"pagedllama reasoning"   # binds a token to this use of the key
 
 _lock = threading.Lock()
 _aead: AESGCM | None = None
+_secret: str | None = None          # configure: the key's text, or
+_key_dir: Path | None = None        # where the key file is kept (None: a key for this process)
 
 
 class SealError(ValueError):
@@ -57,12 +59,17 @@ def unseal(token: str) -> str:
         raise SealError("not sealed by this server's key, or altered") from exc
 
 
-def state_dir() -> Path:
-    return Path(os.environ.get(STATE_DIR_ENV) or Path.home() / ".cache" / "pagedllama")
+def configure(secret: str | None, key_dir: Path | None) -> None:
+    """The server's key: `secret` hashed when given, else the key file under `key_dir` (made on
+    first use); with neither, a random key for this process. Forgets the loaded key."""
+    global _secret, _key_dir
+    with _lock:
+        _secret, _key_dir = secret or None, key_dir
+    reset()
 
 
 def reset() -> None:
-    """Forget the loaded key (the next seal or unseal reads the environment and file again)."""
+    """Forget the loaded key (the next seal or unseal reads the configured key or file again)."""
     global _aead
     with _lock:
         _aead = None
@@ -77,10 +84,11 @@ def _cipher() -> AESGCM:
 
 
 def _key_material() -> bytes:
-    secret = os.environ.get(KEY_ENV)
-    if secret:
-        return secret.encode()
-    path = state_dir() / KEY_FILE
+    if _secret:
+        return _secret.encode()
+    if _key_dir is None:
+        return secrets.token_bytes(32)
+    path = _key_dir / KEY_FILE
     try:
         return path.read_bytes()
     except FileNotFoundError:

@@ -87,11 +87,9 @@ def finished(body: api.ResponsesRequest, text: str, thinking: Thinking | None = 
 
 @pytest.fixture(autouse=True)
 def server_key(tmp_path, monkeypatch):
-    monkeypatch.setenv(sealing.STATE_DIR_ENV, str(tmp_path))
-    monkeypatch.setenv(sealing.KEY_ENV, "test key")
-    sealing.reset()
+    sealing.configure("test key", tmp_path)
     yield
-    sealing.reset()
+    sealing.configure(None, None)
 
 
 # ---- the first request ---------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
+from server.config import cors_origins
 from server.http import cors
 
 
@@ -22,12 +23,12 @@ PREFLIGHT = {"Origin": "http://localhost:3000", "Access-Control-Request-Method":
 
 def test_origins_are_read_comma_separated_from_the_environment(monkeypatch):
     monkeypatch.setenv("PAGEDLLAMA_CORS_ORIGINS", " http://a.test , http://b.test,")
-    assert cors.origins_from_env() == ["http://a.test", "http://b.test"]
+    assert cors_origins() == ["http://a.test", "http://b.test"]
 
 
 def test_no_origins_configured_means_no_cors_headers(monkeypatch):
     monkeypatch.delenv("PAGEDLLAMA_CORS_ORIGINS", raising=False)
-    client = app_with(cors.origins_from_env())
+    client = app_with(cors_origins())
     resp = client.post("/v1/chat/completions", headers={"Origin": "http://localhost:3000"})
     assert resp.status_code == 200 and "access-control-allow-origin" not in resp.headers
 

@@ -12,12 +12,10 @@ from server.openai import sealing
 
 @pytest.fixture(autouse=True)
 def fresh_key(tmp_path, monkeypatch):
-    """Each test its own state dir and no key from the environment, the loaded key forgotten."""
-    monkeypatch.setenv(sealing.STATE_DIR_ENV, str(tmp_path))
-    monkeypatch.delenv(sealing.KEY_ENV, raising=False)
-    sealing.reset()
+    """Each test its own state dir and no key given, the loaded key forgotten."""
+    sealing.configure(None, tmp_path)
     yield
-    sealing.reset()
+    sealing.configure(None, None)
 
 
 def test_a_sealed_text_opens_to_the_same_text():
@@ -53,26 +51,23 @@ def test_something_that_is_not_a_token_does_not_open(token):
         sealing.unseal(token)
 
 
-def test_a_token_sealed_under_another_key_does_not_open(monkeypatch):
-    monkeypatch.setenv(sealing.KEY_ENV, "one server's key")
-    sealing.reset()
+def test_a_token_sealed_under_another_key_does_not_open(tmp_path):
+    sealing.configure("one server's key", tmp_path)
     token = sealing.seal("reasoning")
-    monkeypatch.setenv(sealing.KEY_ENV, "another server's key")
-    sealing.reset()
+    sealing.configure("another server's key", tmp_path)
     with pytest.raises(sealing.SealError):
         sealing.unseal(token)
 
 
-def test_the_key_from_the_environment_opens_tokens_after_a_restart(monkeypatch, tmp_path):
-    monkeypatch.setenv(sealing.KEY_ENV, "any string at all")
-    sealing.reset()
+def test_the_key_given_opens_tokens_after_a_restart(tmp_path):
+    sealing.configure("any string at all", tmp_path)
     token = sealing.seal("reasoning")
     sealing.reset()   # a restart: the key is read again
     assert sealing.unseal(token) == "reasoning"
     assert not (tmp_path / sealing.KEY_FILE).exists()   # no file is written then
 
 
-def test_without_the_environment_a_key_file_is_created_once_readable_only_by_its_owner(tmp_path):
+def test_without_a_key_given_a_key_file_is_created_once_readable_only_by_its_owner(tmp_path):
     token = sealing.seal("reasoning")
     path = tmp_path / sealing.KEY_FILE
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
@@ -82,13 +77,25 @@ def test_without_the_environment_a_key_file_is_created_once_readable_only_by_its
     assert [p.name for p in tmp_path.iterdir()] == [sealing.KEY_FILE]   # no leftovers
 
 
-def test_the_key_files_directory_is_created_when_missing(monkeypatch, tmp_path):
+def test_the_key_files_directory_is_created_when_missing(tmp_path):
     state = tmp_path / "a" / "b"
-    monkeypatch.setenv(sealing.STATE_DIR_ENV, str(state))
-    sealing.reset()
+    sealing.configure(None, state)
     assert sealing.unseal(sealing.seal("x")) == "x" and (state / sealing.KEY_FILE).exists()
 
 
 def test_the_state_dir_defaults_to_the_users_cache(monkeypatch):
-    monkeypatch.delenv(sealing.STATE_DIR_ENV)
-    assert sealing.state_dir() == sealing.Path.home() / ".cache" / "pagedllama"
+    from server.config import load_settings
+    monkeypatch.delenv("PAGEDLLAMA_STATE_DIR", raising=False)
+    monkeypatch.setenv("PAGEDLLAMA_REASONING_KEY", "k")
+    settings = load_settings()
+    assert settings.state_dir == sealing.Path.home() / ".cache" / "pagedllama"
+    assert settings.reasoning_key == "k" and settings.batch.state_dir == settings.state_dir
+
+
+def test_without_configuration_a_key_holds_for_the_process_only(tmp_path):
+    sealing.configure(None, None)
+    token = sealing.seal("reasoning")
+    assert sealing.unseal(token) == "reasoning" and list(tmp_path.iterdir()) == []
+    sealing.reset()
+    with pytest.raises(sealing.SealError):
+        sealing.unseal(token)
