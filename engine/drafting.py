@@ -27,6 +27,8 @@ from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from scheduler.speculation import expected_tokens
+
 # n-gram sizes of prompt lookup, longest first: a longer match predicts better
 LOOKUP_SIZES = (4, 3, 2)
 # the shared table's n-gram size and slots (2**20 slots: 12 MB)
@@ -211,15 +213,6 @@ class Acceptance:
             if i < drafted:
                 weights[i] += 1.0
                 sums[i] += min(accepted, i + 1)
-
-
-def expected_tokens(rate: float, k: int) -> float:
-    """Tokens a verification of k drafted tokens yields on average (the accepted ones and the
-    model's own next token), when each is accepted with probability `rate` given the ones
-    before it: 1 + rate + rate^2 + ... + rate^k."""
-    if rate >= 1.0:
-        return k + 1.0
-    return (1.0 - rate ** (k + 1)) / (1.0 - rate)
 
 
 # steps a sequence skips its lookup after a draft of which no token was right, at most: it
