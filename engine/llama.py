@@ -21,9 +21,9 @@ from pathlib import Path
 import llama_cpp as C
 import numpy as np
 
-from engine import segments
+from engine import token_memo
 from engine.gguf_info import k_quant_file_type
-from engine.segments import SegmentTokenizer, split_tokens
+from engine.token_memo import SegmentTokenizer, split_tokens
 from kvcache import (
     CopyOp,
     DropSavedOp,
@@ -265,8 +265,8 @@ class Model:
     def tokenize(self, text: str, add_special: bool = True,
                  parse_special: bool = True) -> list[int]:
         """llama.cpp's tokens of `text`; a long one with special tokens parsed goes through the
-        remembered segments of engine/segments.py (the same tokens)."""
-        if parse_special and len(text) >= segments.MIN_CHARS:
+        remembered segments of engine/token_memo.py (the same tokens)."""
+        if parse_special and len(text) >= token_memo.MIN_CHARS:
             return self._segmenter().tokenize(text, add_special)
         return self._tokenize(text, add_special, parse_special)
 

@@ -272,7 +272,7 @@ def test_agent_sessions_through_the_messages_api_against_ours_alone(server_url, 
 
 
 def test_agent_refuses_a_non_loopback_peer():
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.agent", "--ours", "http://127.0.0.1:9",
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.scripted_agent", "--ours", "http://127.0.0.1:9",
                            "--peer", "http://192.0.2.1:8000"], cwd=ROOT, capture_output=True, text=True,
                           timeout=60)
     assert proc.returncode != 0 and "loopback" in proc.stderr

@@ -1,7 +1,7 @@
 """Long prompts tokenized in remembered segments: which special tokens may start a segment, and
-the segment bookkeeping (a fake tokenizer; tests/test_segments.py checks llama.cpp's)."""
-from engine import segments
-from engine.segments import SegmentTokenizer, split_tokens
+the segment bookkeeping (a fake tokenizer; tests/test_token_memo.py checks llama.cpp's)."""
+from engine import token_memo
+from engine.token_memo import SegmentTokenizer, split_tokens
 
 
 def test_only_name_like_control_tokens_no_other_token_can_overlap_split():
@@ -27,9 +27,9 @@ def tokenizer(**kw):
 
 def test_a_long_text_is_cut_before_each_split_token_and_long_segments_are_remembered():
     tok, calls = tokenizer()
-    head, turn = "h" * segments.SEGMENT_CHARS, "<t>" + "x" * segments.SEGMENT_CHARS
+    head, turn = "h" * token_memo.SEGMENT_CHARS, "<t>" + "x" * token_memo.SEGMENT_CHARS
     text = head + turn * 3 + "<t>short" + "<t>also short"
-    assert len(text) >= segments.MIN_CHARS
+    assert len(text) >= token_memo.MIN_CHARS
     expected = [0] + [ord(c) for c in text]
     assert tok.tokenize(text, True) == expected
     # the head (with BOS), one call per long turn, the two short ones in one call
@@ -43,13 +43,13 @@ def test_a_long_text_is_cut_before_each_split_token_and_long_segments_are_rememb
 def test_a_short_text_or_one_without_split_tokens_is_tokenized_whole():
     tok, calls = tokenizer()
     tok.tokenize("<t>" * 10, True)
-    text = "y" * segments.MIN_CHARS
+    text = "y" * token_memo.MIN_CHARS
     tok.tokenize(text, True)
     assert calls == [("<t>" * 10, True), (text, True)]
 
 
 def test_the_memo_keeps_to_its_token_budget_dropping_the_least_recently_used():
-    n = segments.MIN_CHARS
+    n = token_memo.MIN_CHARS
     tok, _ = tokenizer(memo_tokens=3 * n)
     texts = ["".join(f"<t>{k}" + "z" * n for k in ks) for ks in ("01", "23", "45")]
     for text in texts:
@@ -62,4 +62,4 @@ def test_many_short_segments_go_in_runs_of_bounded_length():
     tok, calls = tokenizer()
     text = "<t>ab" * 2000
     assert tok.tokenize(text, False) == [ord(c) for c in text]
-    assert len(calls) > 10 and all(len(t) < 2 * segments.SEGMENT_CHARS for t, _ in calls)
+    assert len(calls) > 10 and all(len(t) < 2 * token_memo.SEGMENT_CHARS for t, _ in calls)

@@ -5,8 +5,8 @@ question. Per turn: input tokens, the tokens read from the prefix cache, TTFT an
 at 1 and 4 concurrent sessions, for our server and llama.cpp's llama-server (its /v1/messages,
 started with --jinja from the same llama.cpp build), or ours alone (--peer none).
 
-    python -m benchmarks.agent                         # ours and llama-server, 1 and 4 sessions
-    python -m benchmarks.agent --peer none --sessions 1 --turns 2      # ours alone, a smoke run
+    python -m benchmarks.scripted_agent                         # ours and llama-server, 1 and 4 sessions
+    python -m benchmarks.scripted_agent --peer none --sessions 1 --turns 2      # ours alone, a smoke run
 
 The history is scripted, so both servers get the same prompts: the assistant turn of turn k is
 a fixed tool call, not the answer the server generated at turn k - 1 (which is read, timed and
@@ -76,7 +76,7 @@ RULES = ("You are a coding agent working in a software repository. Use the tools
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = parser("benchmarks.agent", __doc__, "model", "threads", "n_ctx", "our_env", "peer_bin",
+    p = parser("benchmarks.scripted_agent", __doc__, "model", "threads", "n_ctx", "our_env", "peer_bin",
                "parallel", "output_len", "seed", "quick", "request_timeout", "result_file",
                n_ctx=4096, parallel={"default": 4, "help": "llama-server -np (slots)"},
                output_len={"default": 32, "help": "max_tokens of each turn"})
