@@ -262,7 +262,7 @@ def test_attention_times_each_path(tmp_path):
 
 def test_agent_sessions_through_the_messages_api_against_ours_alone(server_url, tmp_path):
     out = tmp_path / "agent.json"
-    bench("agent", "--quick", "--ours", server_url, "--peer", "none", "--result-file", str(out))
+    bench("scripted_agent", "--quick", "--ours", server_url, "--peer", "none", "--result-file", str(out))
     level = json.loads(out.read_text())["levels"]["1"]
     first, second = level["per_turn"]["pagedllama"]
     assert first["completed"] == second["completed"] == 1
