@@ -165,7 +165,9 @@ def proxy_app(rec: Recorder) -> FastAPI:
     @app.api_route("/{path:path}", methods=["GET", "POST", "HEAD", "DELETE", "PUT"])
     async def forward(path: str, http: HTTPRequest):
         raw = await http.body()
-        ex = Exchange(rec.agent, rec.turn, http.method, "/" + path, session=rec.session)
+        query = http.url.query             # Claude Code posts to /v1/messages?beta=true
+        ex = Exchange(rec.agent, rec.turn, http.method, "/" + path + (f"?{query}" if query else ""),
+                      session=rec.session)
         try:
             ex.body = json.loads(raw) if raw else None
         except ValueError:
