@@ -578,6 +578,10 @@ def main(argv: list[str] | None = None) -> int:
         cold = cold_replays(args, ap, exchanges, agents) if args.cold else None
         summary = report_sessions(exchanges, agents, cold)
         summary["exits"] = [t.exit_code for t in turns]
+        for t in turns:
+            if t.exit_code != 0:
+                print(f"{t.agent} exited {t.exit_code} after {t.seconds:.1f} s:\n   "
+                      + t.output[-600:].replace("\n", "\n   "))
         if args.json:
             args.json.write_text(json.dumps(summary, indent=1))
         return 0 if all(t.exit_code == 0 for t in turns) else 1
