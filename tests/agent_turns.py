@@ -27,7 +27,6 @@ import base64
 import copy
 import hashlib
 import json
-import os
 from pathlib import Path
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "agents"
@@ -123,17 +122,12 @@ REASONED = ("The user asks what hello.py prints. I will read it with cat.",
 
 def _sealed(text: str) -> str:
     from server.openai import sealing
-    saved = os.environ.get(sealing.KEY_ENV)
-    os.environ[sealing.KEY_ENV] = REASONING_KEY
-    sealing.reset()
+    saved = sealing.configuration()
+    sealing.configure(REASONING_KEY, None)
     try:
         return sealing.seal(text)
     finally:
-        if saved is None:
-            del os.environ[sealing.KEY_ENV]
-        else:
-            os.environ[sealing.KEY_ENV] = saved
-        sealing.reset()
+        sealing.configure(*saved)
 
 
 def codex_turn3() -> dict:

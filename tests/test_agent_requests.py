@@ -230,10 +230,8 @@ def test_claude_codes_second_turn_reads_its_first_prompt_from_the_cache(agent_se
 
 # ---- later turns built from the recordings' shape ----------------------------------------------
 @pytest.mark.parametrize("name", sorted(agent_turns.BUILT))
-def test_the_built_turns_are_what_tests_agent_turns_builds(name, monkeypatch, tmp_path):
-    monkeypatch.setenv(sealing.STATE_DIR_ENV, str(tmp_path))
-    monkeypatch.setenv(sealing.KEY_ENV, agent_turns.REASONING_KEY)
-    sealing.reset()
+def test_the_built_turns_are_what_tests_agent_turns_builds(name, tmp_path):
+    sealing.configure(agent_turns.REASONING_KEY, tmp_path)
 
     def opened(turn: dict) -> dict:       # sealed tokens differ on every build: their texts
         for item in turn["body"].get("input", []):
@@ -243,7 +241,7 @@ def test_the_built_turns_are_what_tests_agent_turns_builds(name, monkeypatch, tm
     try:
         on_file, built = opened(fixture(name)), opened(agent_turns.BUILT[name]())
     finally:
-        sealing.reset()
+        sealing.configure(None, None)
     assert on_file == built
     source = fixture(name.replace("turn3-built", "turn2-1"))
     grown = "messages" if "messages" in source["body"] else "input"

@@ -68,6 +68,12 @@ def configure(secret: str | None, key_dir: Path | None) -> None:
     reset()
 
 
+def configuration() -> tuple[str | None, Path | None]:
+    """What `configure` was last given: (secret, key_dir)."""
+    with _lock:
+        return _secret, _key_dir
+
+
 def reset() -> None:
     """Forget the loaded key (the next seal or unseal reads the configured key or file again)."""
     global _aead
