@@ -214,7 +214,7 @@ def load_settings() -> Settings:
                     budget, source, float(_env("LOAD_TIMEOUT", "300")),
                     _flag("N_CTX_BEYOND_TRAINED", False), _int_or_none("MAX_OUTPUT"),
                     _flag("TOOLS_FIRST", True), os.environ.get("PAGEDLLAMA_REASONING_KEY") or None,
-                    state_dir(), batch, cache_from_env())
+                    batch.state_dir, batch, cache_from_env())
 
 
 def cache_from_env() -> CacheSettings:
