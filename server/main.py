@@ -5,6 +5,7 @@ import asyncio
 import hmac
 import logging
 from contextlib import asynccontextmanager
+from functools import partial
 
 from fastapi import Depends, FastAPI, Request, Security
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
@@ -23,10 +24,10 @@ from server.api import (
 from server.batch.runner import BatchRunner
 from server.config import cors_origins, load_settings
 from server.http import cors, errors, exposure, openapi, protocol
+from server.http.client import ModelLeases
 from server.http.drain import Drain
 from server.http.edge import Edge
 from server.openai import sealing
-from server.service.leases import ModelLeases
 from server.service.service import Service
 
 log = logging.getLogger("pagedllama.server")
@@ -67,7 +68,8 @@ async def lifespan(app: FastAPI):
     drain.install()
     # the Batch API's lines run in the background (server/batch/runner.py); unfinished batches
     # resume here
-    runner = app.state.batches = BatchRunner(settings.batch, service, app, batches.answer_line)
+    runner = app.state.batches = BatchRunner(settings.batch, service, drain,
+                                             partial(batches.answer_line, service))
     watch = getattr(service.observer, "watch_batches", None)
     if watch is not None:
         watch(runner.stats)

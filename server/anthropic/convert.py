@@ -391,7 +391,9 @@ def sampling(body: MessagesRequest) -> Sampling:
 
 
 def generation(body: MessagesRequest, prompt: list[int], grammar: str | None,
-               affinity: str | None) -> GenerationRequest:
-    """The request as the service takes it; a prompt error names `messages`."""
+               affinity: str | None, ignored_tools: tuple[str, ...] = ()) -> GenerationRequest:
+    """The request as the service takes it; a prompt error names `messages`; `ignored_tools`
+    (server tools left out of the prompt) are named in the request log."""
     return GenerationRequest([prompt], sampling(body), body.max_tokens, 1, body.priority,
-                             body.timeout, grammar, affinity, Blame(prompt="messages"))
+                             body.timeout, grammar, affinity, Blame(prompt="messages"),
+                             ignored_tools)

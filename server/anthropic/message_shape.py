@@ -26,12 +26,12 @@ import json
 import uuid
 from dataclasses import dataclass, field
 
-from engine import Request
 from scheduler import FinishReason
 from server.chat.answer import Piece, Reasoning
 from server.chat.tool_calls import CLOSE, OPEN, Function, ToolCall, breaks_schema
 from server.http.errors import anthropic_error
 from server.http.sse import json_data, message
+from server.service.generation import Usage
 
 
 def new_message_id() -> str:
@@ -55,11 +55,11 @@ def stop_reason(finish: FinishReason | None, calls: bool, stop_string: str | Non
     return "end_turn", None
 
 
-def usage(req: Request, block_size: int, caching: bool) -> dict:
-    prompt, read = len(req.prompt), req.num_cached
+def usage(counts: Usage, block_size: int, caching: bool) -> dict:
+    prompt, read = counts.prompt_tokens, counts.cached_tokens
     created = max(0, prompt // block_size * block_size - read) if caching else 0
     return {"input_tokens": prompt - read - created, "cache_creation_input_tokens": created,
-            "cache_read_input_tokens": read, "output_tokens": req.num_output}
+            "cache_read_input_tokens": read, "output_tokens": counts.completion_tokens}
 
 
 def _input(call: ToolCall) -> dict | None:

@@ -14,8 +14,6 @@ from fastapi import APIRouter
 from fastapi import Request as HTTPRequest
 from fastapi.responses import JSONResponse
 
-from engine import Request
-from scheduler import FinishReason
 from server.anthropic.context import ContextEdits, apply_edits, parse_edits
 from server.anthropic.convert import Tools, generation, thinking_of, to_chat, tools_of
 from server.anthropic.message_shape import MessageShape, error_event, ping, stop_reason, usage
@@ -27,10 +25,13 @@ from server.anthropic.messages_body import (
     unsupported,
 )
 from server.chat.answer import AnswerStream, constrain_after_thinking, thinking_mode
+from server.http.client import HTTPClient
 from server.http.openapi import ANTHROPIC_ERROR_RESPONSES, MESSAGES_STREAMED
 from server.http.sse import EventStream
 from server.service.catalog import LoadedModel
-from server.service.service import IGNORED_TOOLS_HEADER, Generation, Service, error_status
+from server.service.client import Client
+from server.service.generation import Collected, Final, Generation, Usage, error_status
+from server.service.service import IGNORED_TOOLS_HEADER, Service
 
 router = APIRouter(prefix="/v1", responses=ANTHROPIC_ERROR_RESPONSES)
 
@@ -47,31 +48,31 @@ async def create_message(body: MessagesRequest, http: HTTPRequest):
     check_fields(body)
     edits = parse_edits(body.context_management)
     svc: Service = http.app.state.service
-    lm = await svc.get(body.model, http, body.keep_alive)
+    client = HTTPClient(http)
+    lm = await svc.get(body.model, client, body.keep_alive)
     if body.max_tokens == 0:
         raise unsupported("max_tokens", "0 (filling the cache without an answer) is not served "
                           "here: our prefix cache keeps every prompt it computes anyway")
     tools = tools_of(body)
     ask = thinking_of(body, lm.name, _thinks(lm), body.max_tokens)
-    body, applied = await _edit_context(svc, lm, body, edits, tools, ask.off, http)
+    body, applied = await _edit_context(svc, lm, body, edits, tools, ask.off, client)
     messages, prefill = to_chat(body)
-    prompt = await svc.chat_prompt(lm, messages, body.max_tokens, http, not prefill, prefill,
+    prompt = await svc.chat_prompt(lm, messages, body.max_tokens, client, not prefill, prefill,
                                    tools.use, no_thinking=ask.off)
     mode = None if prefill or ask.off else thinking_mode(_thinks(lm), prompt.opens_thinking)
     grammar = constrain_after_thinking(tools.use.grammar(), mode)
-    gen = svc.generate(lm, generation(body, prompt, grammar, session_key(body, http)), http)
-    http.state.ignored_tools = tools.ignored   # for the request log
+    gen = svc.generate(lm, generation(body, prompt, grammar, session_key(body, http),
+                                      tuple(tools.ignored)), client)
     answer = AnswerStream(tools.use.active, mode, tools.first_only)
     shape = MessageShape(lm.name, ask.omit, tools=tools.use.functions, edits=applied)
     headers = _ignored_header(tools.ignored)
     if body.stream:
-        return EventStream(_stream(svc, gen, shape, answer), headers=headers)
-    (choice,) = await svc.collect(gen)
+        return EventStream(_stream(gen, shape, answer), headers=headers)
+    (choice,) = await gen.collect()
     shape.add(answer.push(choice.text) + answer.end())
     shape.close()
-    req = gen.reqs[0]
-    return JSONResponse(shape.message(_stop(req, choice.finish_reason, shape, gen.lm.max_seq_len),
-                                      _usage(gen)), headers=headers)
+    return JSONResponse(shape.message(_stop(choice, shape), _usage(gen, choice.usage)),
+                        headers=headers)
 
 
 @router.post("/messages/count_tokens")
@@ -81,12 +82,13 @@ async def count_tokens(body: CountTokensRequest, http: HTTPRequest) -> dict:
     check_fields(body)
     edits = parse_edits(body.context_management)
     svc: Service = http.app.state.service
-    lm = await svc.get(body.model, http, body.keep_alive)
+    client = HTTPClient(http)
+    lm = await svc.get(body.model, client, body.keep_alive)
     tools = tools_of(body)
     ask = thinking_of(body, lm.name, _thinks(lm))
-    body, applied = await _edit_context(svc, lm, body, edits, tools, ask.off, http)
+    body, applied = await _edit_context(svc, lm, body, edits, tools, ask.off, client)
     messages, prefill = to_chat(body)
-    prompt = await svc.chat_prompt(lm, messages, None, http, not prefill, prefill, tools.use,
+    prompt = await svc.chat_prompt(lm, messages, None, client, not prefill, prefill, tools.use,
                                    no_thinking=ask.off)
     if edits is None:
         return {"input_tokens": len(prompt)}
@@ -118,19 +120,19 @@ def session_key(body: MessagesFields, http: HTTPRequest) -> str | None:
 
 async def _edit_context(svc: Service, lm: LoadedModel, body: MessagesFields,
                         edits: ContextEdits | None, tools: Tools, no_thinking: bool,
-                        http: HTTPRequest) -> tuple[MessagesFields, list[dict] | None]:
+                        client: Client) -> tuple[MessagesFields, list[dict] | None]:
     """The body with its context edits applied (on the prompt pool: measuring the prompt
     renders and tokenizes it), and the applied edits to report (None: none were asked)."""
     if edits is None:
         return body, None
     if lm.template is None:   # the chat prompt's own 400
-        await svc.chat_prompt(lm, [], None, http)
+        await svc.chat_prompt(lm, [], None, client)
 
     def count(messages: list[dict]) -> int:
         chat, prefill = to_chat(body.model_copy(update={"messages": messages}))
         return svc.count_chat_tokens(lm, chat, tools.use, prefill, no_thinking)
 
-    edited, applied = await svc.prepare(lm, len(json.dumps(body.messages)), http,
+    edited, applied = await svc.prepare(lm, len(json.dumps(body.messages)), client,
                                         lambda: apply_edits(edits, body.messages, count))
     return body.model_copy(update={"messages": edited}), applied
 
@@ -140,32 +142,24 @@ def _ignored_header(ignored: list[str]) -> dict[str, str]:
     return {IGNORED_TOOLS_HEADER: ",".join(ignored)} if ignored else {}
 
 
-def _usage(gen: Generation) -> dict:
+def _usage(gen: Generation, counts: Usage | None = None) -> dict:
+    """The usage in Anthropic's shape: `counts` (a finished answer's), else the usage so far."""
     engine = gen.lm.spec.engine
-    return usage(gen.reqs[0], engine.block_size, engine.prefix_caching)
+    return usage(counts or gen.usage(), engine.block_size, engine.prefix_caching)
 
 
-def _stop(req: Request, finish: FinishReason | None, shape: MessageShape,
-          max_seq_len: int) -> tuple[str, str | None]:
+def _stop(end: Final | Collected, shape: MessageShape) -> tuple[str, str | None]:
     """The stop reason; a length finish that filled the context (a max_tokens beyond the
     context left was capped there) is model_context_window_exceeded."""
-    full = len(req.prompt) + req.num_output >= max_seq_len
-    return stop_reason(finish, shape.calls > 0, req.stop_string, full)
+    return stop_reason(end.finish_reason, shape.calls > 0, end.stop_string, end.context_full)
 
 
-def _admitted(req: Request) -> bool:
-    """Whether the engine has opened the request (its cache hit is known)."""
-    seq = req.state.seq
-    return seq is not None and seq.alloc is not None
-
-
-async def _stream(svc: Service, gen: Generation, shape: MessageShape,
+async def _stream(gen: Generation, shape: MessageShape,
                   answer: AnswerStream) -> AsyncIterator[bytes]:
     """message_start once the engine has opened the request (its cache hit is then known) or
     after a second in its queue, pings while it waits and its prompt computes, then the blocks
     as the answer's pieces come."""
-    req = gen.reqs[0]
-    events = svc.stream(gen).__aiter__()
+    events = gen.stream().__aiter__()
     pending = asyncio.ensure_future(events.__anext__())
     started = tokens = False
     opened = last_ping = time.monotonic()
@@ -174,7 +168,7 @@ async def _stream(svc: Service, gen: Generation, shape: MessageShape,
             wait = ADMISSION_POLL_S if not started else PING_S
             done, _ = await asyncio.wait({pending}, timeout=wait)
             if not done:
-                if not started and (_admitted(req) or time.monotonic() - opened >= PING_S):
+                if not started and (gen.admitted or time.monotonic() - opened >= PING_S):
                     started, last_ping = True, time.monotonic()
                     yield shape.start(_usage(gen))
                 elif started and not tokens and time.monotonic() - last_ping >= PING_S:
@@ -196,12 +190,10 @@ async def _stream(svc: Service, gen: Generation, shape: MessageShape,
                 tokens = True
                 for chunk in shape.add(answer.push(event.text)):
                     yield chunk
-            if event.finish_reason:
+            if isinstance(event, Final):
                 for chunk in shape.add(answer.end()):
                     yield chunk
-                for chunk in shape.finish(_stop(req, event.finish_reason, shape,
-                                                gen.lm.max_seq_len),
-                                          _usage(gen)):
+                for chunk in shape.finish(_stop(event, shape), _usage(gen, event.usage)):
                     yield chunk
             pending = asyncio.ensure_future(events.__anext__())
     finally:

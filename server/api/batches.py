@@ -2,8 +2,8 @@
 delete; its content) and `/v1/batches` (create, read, list, cancel). The runner
 (server/batch/runner.py) runs each batch line through `answer_line`: the line's body validated
 as its route validates a request (the same body type, the same 400), then the route's own code,
-not streamed, at background priority. The store is server/batch/store.py; the shapes
-server/batch/shapes.py."""
+not streamed, at background priority, for the line's own client (server/batch/runner.py:
+LineClient). The store is server/batch/store.py; the shapes server/batch/shapes.py."""
 from __future__ import annotations
 
 import asyncio
@@ -28,6 +28,8 @@ from server.http.openapi import ERROR_RESPONSES
 from server.openai.bodies import ChatCompletionRequest, CompletionRequest, SamplingFields
 from server.openai.fields import unsupported
 from server.openai.responses_api import ResponsesRequest
+from server.service.client import Client
+from server.service.service import Service
 
 router = APIRouter(prefix="/v1", responses=ERROR_RESPONSES)
 MAX_WINDOW_S = 30 * 24 * 3600
@@ -55,33 +57,33 @@ CONTENT = {200: {"description": "The file's bytes", "content": {
 @dataclass(frozen=True)
 class LineRoute:
     body: type[BaseModel]
-    answer: Callable[[Any, HTTPRequest], Awaitable[dict]]
+    answer: Callable[[Service, Any, Client], Awaitable[dict]]
 
 
-async def _chat(body: ChatCompletionRequest, http: HTTPRequest) -> dict:
-    return await openai.answer(*await openai.start_chat(body, http))
+async def _chat(svc: Service, body: ChatCompletionRequest, client: Client) -> dict:
+    return await openai.answer(*await openai.start_chat(svc, body, client))
 
 
-async def _completion(body: CompletionRequest, http: HTTPRequest) -> dict:
-    return await openai.answer(*await openai.start_completion(body, http))
+async def _completion(svc: Service, body: CompletionRequest, client: Client) -> dict:
+    return await openai.answer(*await openai.start_completion(svc, body, client))
 
 
-async def _response(body: ResponsesRequest, http: HTTPRequest) -> dict:
-    svc, worker, state, _ = await responses.start_response(body, http)
-    return await responses.answer(svc, worker, state, http)
+async def _response(svc: Service, body: ResponsesRequest, client: Client) -> dict:
+    gen, state, _ = await responses.start_response(svc, body, client)
+    return await responses.answer(gen, state)
 
 
 LINE_ROUTES = {"/v1/chat/completions": LineRoute(ChatCompletionRequest, _chat),
                "/v1/completions": LineRoute(CompletionRequest, _completion),
-               "/v1/embeddings": LineRoute(embeddings.EmbeddingRequest, embeddings.embeddings),
+               "/v1/embeddings": LineRoute(embeddings.EmbeddingRequest, embeddings.embed),
                "/v1/responses": LineRoute(ResponsesRequest, _response)}
 assert set(LINE_ROUTES) == set(shapes.ENDPOINTS)
 
 
-async def answer_line(endpoint: str, raw: dict, http: HTTPRequest) -> dict:
+async def answer_line(svc: Service, endpoint: str, raw: dict, client: Client) -> dict:
     """One batch line's answer, as its route would give it not streamed (an APIError with the
-    route's status and error body otherwise). The line runs at the lowest priority; `stream:
-    true` is refused (a batch line's answer is one JSON body)."""
+    route's status and error body otherwise), for the line's client. The line runs at the
+    lowest priority; `stream: true` is refused (a batch line's answer is one JSON body)."""
     route = LINE_ROUTES[endpoint]
     try:
         body = route.body.model_validate(raw)
@@ -93,7 +95,7 @@ async def answer_line(endpoint: str, raw: dict, http: HTTPRequest) -> dict:
                           "body (leave stream out, or false)")
     if isinstance(body, SamplingFields):
         body.priority = BATCH_PRIORITY
-    return jsonable_encoder(await route.answer(body, http))
+    return jsonable_encoder(await route.answer(svc, body, client))
 
 
 # ---- the routes --------------------------------------------------------------------------------

@@ -15,11 +15,13 @@ from fastapi import Request as HTTPRequest
 from pydantic import ConfigDict, Field
 
 from server.api.models import check_tokens
+from server.http.client import HTTPClient
 from server.http.errors import APIError
 from server.http.openapi import ERROR_RESPONSES
 from server.openai.bodies import Body, Int, KeepAlive
 from server.openai.fields import check_fields
 from server.service.catalog import LoadedModel
+from server.service.client import Client
 from server.service.service import Service
 
 router = APIRouter(prefix="/v1", responses=ERROR_RESPONSES)
@@ -38,7 +40,7 @@ class EmbeddingRequest(Body):
     dimensions: Int | None = Field(None, ge=1)
 
 
-async def _inputs(svc: Service, lm: LoadedModel, raw, http: HTTPRequest) -> list[list[int]]:
+async def _inputs(svc: Service, lm: LoadedModel, raw, client: Client) -> list[list[int]]:
     """Every input as token ids (text is tokenized with the model's BOS, as for a prompt, on
     the bounded prompt pool; a text whose token bound already exceeds the embedding context is
     refused without tokenizing)."""
@@ -56,7 +58,7 @@ async def _inputs(svc: Service, lm: LoadedModel, raw, http: HTTPRequest) -> list
             raise APIError(400, f"each input must have 1 to {lm.embedder.n_ctx} tokens; one has "
                            f"at least {at_least}", "context_length_exceeded", "input")
     if texts:
-        tokenized = iter(await svc.prepare(lm, sum(len(t) for t in texts), http,
+        tokenized = iter(await svc.prepare(lm, sum(len(t) for t in texts), client,
                                            lambda: [lm.model.tokenize(t, True) for t in texts]))
         items = [next(tokenized) if isinstance(item, str) else item for item in items]
     out = []
@@ -77,13 +79,17 @@ def _encode(vec: np.ndarray, fmt: str) -> list[float] | str:
 
 @router.post("/embeddings")
 async def embeddings(body: EmbeddingRequest, http: HTTPRequest) -> dict:
+    return await embed(http.app.state.service, body, HTTPClient(http))
+
+
+async def embed(svc: Service, body: EmbeddingRequest, client: Client) -> dict:
+    """The route's answer (a Batch API line's too)."""
     check_fields(body, frozenset())
-    svc: Service = http.app.state.service
-    lm = await svc.get(body.model, http, body.keep_alive)
+    lm = await svc.get(body.model, client, body.keep_alive)
     if body.dimensions is not None and body.dimensions != lm.embedder.n_embd:
         raise APIError(400, f"dimensions must be {lm.embedder.n_embd} for '{lm.name}' (vectors "
                        "are not truncated)", "unsupported_parameter", "dimensions")
-    inputs = await _inputs(svc, lm, body.input, http)
+    inputs = await _inputs(svc, lm, body.input, client)
     await svc.reserve_embedding(lm)   # its context counts against the memory budget
     loop = asyncio.get_running_loop()
     vectors = await loop.run_in_executor(lm.embed_executor,

@@ -11,6 +11,7 @@ from fastapi import Request as HTTPRequest
 from fastapi.responses import JSONResponse
 from pydantic import ConfigDict, Field
 
+from server.http.client import HTTPClient
 from server.http.errors import APIError
 from server.http.openapi import ERROR_RESPONSES, UNLOAD
 from server.openai.bodies import Body, Bool, Int
@@ -61,7 +62,7 @@ def model_object(entry: Entry) -> dict:
 async def pick_model(http: HTTPRequest, name: str | None) -> LoadedModel:
     """The named model (loaded if need be), or the default one when no name is given."""
     svc: Service = http.app.state.service
-    return await svc.get(name if name is not None else svc.default_model(), http)
+    return await svc.get(name if name is not None else svc.default_model(), HTTPClient(http))
 
 
 def _catalog(http: HTTPRequest):
@@ -98,7 +99,7 @@ async def load_model(model_id: str, http: HTTPRequest) -> dict:
     a 503 with Retry-After when the models that could make room are busy, a 400 when it alone
     exceeds the memory budget. It then unloads after its keep_alive like any other."""
     svc: Service = http.app.state.service
-    await svc.get(model_id, http, reason="POST /models/{id}/load")
+    await svc.get(model_id, HTTPClient(http), reason="POST /models/{id}/load")
     return model_object(_catalog(http).entry(model_id))
 
 
@@ -119,8 +120,9 @@ async def tokenize(body: TokenizeRequest, http: HTTPRequest) -> dict:
     check_fields(body, frozenset())
     lm = await pick_model(http, body.model)
     svc: Service = http.app.state.service
-    tokens = await svc.prepare(lm, len(body.content), http, lambda: lm.model.tokenize(
-        body.content, body.add_special, body.parse_special))
+    tokens = await svc.prepare(lm, len(body.content), HTTPClient(http),
+                               lambda: lm.model.tokenize(body.content, body.add_special,
+                                                         body.parse_special))
     if body.with_pieces:
         return {"tokens": [{"id": t, "piece": _piece(lm, t)} for t in tokens]}
     return {"tokens": tokens}

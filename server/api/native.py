@@ -9,14 +9,15 @@ from fastapi import APIRouter
 from fastapi import Request as HTTPRequest
 from fastapi.responses import JSONResponse
 
-from engine import Request, Worker
+from server.http.client import HTTPClient
 from server.http.errors import error_body
 from server.http.openapi import ERROR_RESPONSES, NOT_READY, STREAM_ONLY
 from server.http.sse import EventStream, json_data, message
 from server.openai.bodies import GenerateRequest
 from server.openai.fields import check_fields, unsupported
 from server.openai.structured import grammar_for
-from server.service.service import Service, error_status
+from server.service.generation import Final, Generation, error_status
+from server.service.service import Service
 
 router = APIRouter(responses=ERROR_RESPONSES)
 public = APIRouter()
@@ -74,30 +75,30 @@ async def generate_stream(body: GenerateRequest, http: HTTPRequest):
     if body.stream_options is not None:
         raise unsupported("stream_options", "is not supported: the done event carries the counts")
     svc: Service = http.app.state.service
-    lm = await svc.get(body.model or svc.default_model(), http, body.keep_alive)
+    client = HTTPClient(http)
+    lm = await svc.get(body.model or svc.default_model(), client, body.keep_alive)
     if lm.template is not None and not body.raw:   # an instruction, as a one-message chat
         prompt = await svc.chat_prompt(lm, [{"role": "user", "content": body.prompt}],
-                                       body.max_tokens, http, param="prompt")
+                                       body.max_tokens, client, param="prompt")
     else:
-        prompt = await svc.text_prompt(lm, body.prompt, body.max_tokens, http)
-    worker, req = svc.submit(lm, prompt, body.generation([prompt], body.max_tokens,
-                                                         grammar_for(body, lm.model)))
-    return EventStream(_events(svc, worker, req, http))
+        prompt = await svc.text_prompt(lm, body.prompt, body.max_tokens, client)
+    gen = svc.generate(lm, body.generation([prompt], body.max_tokens,
+                                           grammar_for(body, lm.model)), client)
+    return EventStream(_events(gen))
 
 
-async def _events(svc: Service, worker: Worker, req: Request,
-                  http: HTTPRequest) -> AsyncIterator[bytes]:
-    async for event in svc.events(worker, req, http):
+async def _events(gen: Generation) -> AsyncIterator[bytes]:
+    async for event in gen.stream():
         if event.error:
             status, code = error_status(event)
             yield message(json.dumps(error_body(status, event.error, code)), "error")
             return
         if event.text:
             yield message(json_data({"text": event.text}), "token")
-        if event.finish_reason:
-            state = req.state
-            ttft = state.first_token_time - req.arrival_time if state.first_token_time else None
+        if isinstance(event, Final):
+            counts = event.usage
             yield message(json.dumps({
-                "finish_reason": event.finish_reason, "prompt_tokens": len(req.prompt),
-                "completion_tokens": req.num_output, "cached_tokens": req.num_cached,
-                "ttft_s": ttft, "total_s": state.finish_time - req.arrival_time}), "done")
+                "finish_reason": event.finish_reason, "prompt_tokens": counts.prompt_tokens,
+                "completion_tokens": counts.completion_tokens,
+                "cached_tokens": counts.cached_tokens, "ttft_s": event.ttft_s,
+                "total_s": event.total_s}), "done")

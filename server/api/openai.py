@@ -1,8 +1,8 @@
 """OpenAI-compatible routes: /v1/chat/completions, /v1/completions, /v1/models. A route turns its
 body into a prompt and an OpenAIFormat (`start_chat`, `start_completion`: the request submitted,
-service.generate); `_respond` streams or collects it and shapes the answer
-(server/openai/completion_format.py). The Batch API runs a batch line through the same two
-steps, not streamed (`start_…` then `answer`)."""
+service.generate, for a client: server/service/client.py); `_respond` streams or collects it and
+shapes the answer (server/openai/completion_format.py). The Batch API runs a batch line through
+the same two steps, not streamed (`start_…` then `answer`), for a client of its own."""
 from __future__ import annotations
 
 import time
@@ -14,6 +14,7 @@ from fastapi import Request as HTTPRequest
 
 from server.api.models import model_object
 from server.chat.answer import constrain_after_thinking, thinking_mode
+from server.http.client import HTTPClient
 from server.http.errors import APIError, error_body
 from server.http.openapi import ERROR_RESPONSES, STREAMED
 from server.http.sse import EventStream
@@ -28,7 +29,9 @@ from server.openai.fields import UNSUPPORTED_CHAT, UNSUPPORTED_COMPLETION, check
 from server.openai.structured import grammar_for
 from server.openai.tool_fields import parse_tools
 from server.service.catalog import LoadedModel
-from server.service.service import Generation, Service, error_status
+from server.service.client import Client
+from server.service.generation import Generation, error_status
+from server.service.service import Service
 
 router = APIRouter(prefix="/v1", responses=ERROR_RESPONSES)
 
@@ -45,17 +48,17 @@ async def list_models(http: HTTPRequest) -> dict:
     return {"object": "list", "data": [model_object(e) for e in catalog.entries.values()]}
 
 
-Started = tuple[Service, Generation, OpenAIFormat]
+Started = tuple[Generation, OpenAIFormat]
 
 
 @router.post("/chat/completions", responses=STREAMED)
 async def chat_completions(body: ChatCompletionRequest, http: HTTPRequest):
-    return await _respond(*await start_chat(body, http))
+    return await _respond(*await start_chat(service(http), body, HTTPClient(http)))
 
 
-async def start_chat(body: ChatCompletionRequest, http: HTTPRequest) -> Started:
+async def start_chat(svc: Service, body: ChatCompletionRequest, client: Client) -> Started:
     """The body checked, its prompt rendered and tokenized, and its generation submitted."""
-    svc, lm = await _model_for(body, http, UNSUPPORTED_CHAT)
+    lm = await _model_for(svc, body, client, UNSUPPORTED_CHAT)
     try:
         messages = [{**m.model_dump(exclude_none=True), "content": m.text()} for m in body.messages]
     except UnsupportedContent as exc:
@@ -72,28 +75,28 @@ async def start_chat(body: ChatCompletionRequest, http: HTTPRequest) -> Started:
         raise APIError(400, "continue_final_message needs add_generation_prompt: false",
                        "invalid_value", "continue_final_message")
     max_tokens = body.max_completion_tokens or body.max_tokens
-    prompt = await svc.chat_prompt(lm, messages, max_tokens, http, body.add_generation_prompt,
+    prompt = await svc.chat_prompt(lm, messages, max_tokens, client, body.add_generation_prompt,
                                    body.continue_final_message, use)
     thinking = None if body.continue_final_message else thinking_mode(
         lm.template.thinks, prompt.opens_thinking)
     grammar = constrain_after_thinking(grammar or use.grammar(), thinking)
     gen = svc.generate(lm, body.generation([prompt], max_tokens, grammar,
                                            affinity=cache_key(body), prompt_field="messages"),
-                       http)
+                       client)
     fmt = _format("chat", lm, body, tools=use.active)
     fmt.functions = use.functions
     fmt.thinking = thinking
-    return svc, gen, fmt
+    return gen, fmt
 
 
 @router.post("/completions", responses=STREAMED)
 async def completions(body: CompletionRequest, http: HTTPRequest):
-    return await _respond(*await start_completion(body, http))
+    return await _respond(*await start_completion(service(http), body, HTTPClient(http)))
 
 
-async def start_completion(body: CompletionRequest, http: HTTPRequest) -> Started:
+async def start_completion(svc: Service, body: CompletionRequest, client: Client) -> Started:
     """The body checked, its prompts tokenized, and its generation submitted."""
-    svc, lm = await _model_for(body, http, UNSUPPORTED_COMPLETION)
+    lm = await _model_for(svc, body, client, UNSUPPORTED_COMPLETION)
     prompts_in = _prompt_list(body.prompt)
     if len(prompts_in) * body.n > lm.spec.engine.max_seqs + lm.spec.engine.max_queue:
         raise APIError(400, f"{len(prompts_in)} prompts x n={body.n} choices is more than this "
@@ -106,13 +109,13 @@ async def start_completion(body: CompletionRequest, http: HTTPRequest) -> Starte
     for p in prompts_in:
         if isinstance(p, str) and not p:
             raise APIError(400, "the prompt is empty", "empty_prompt", "prompt")
-        prompts.append(await svc.text_prompt(lm, p, max_tokens, http) if isinstance(p, str)
+        prompts.append(await svc.text_prompt(lm, p, max_tokens, client) if isinstance(p, str)
                        else list(p))
     gen = svc.generate(lm, body.generation(prompts, max_tokens, grammar_for(body, lm.model),
-                                           affinity=cache_key(body)), http)
+                                           affinity=cache_key(body)), client)
     echo = ([p if isinstance(p, str) else lm.model.detokenize(p) for p in prompts_in]
             if body.echo else [])   # after generate: it has checked the token ids
-    return svc, gen, _format("completion", lm, body, echo, len(prompts))
+    return gen, _format("completion", lm, body, echo, len(prompts))
 
 
 def _prompt_list(prompt) -> list:
@@ -122,14 +125,13 @@ def _prompt_list(prompt) -> list:
     return [prompt]
 
 
-async def _model_for(body: SamplingFields, http: HTTPRequest,
-                     unsupported_fields: frozenset[str]) -> tuple[Service, LoadedModel]:
+async def _model_for(svc: Service, body: SamplingFields, client: Client,
+                     unsupported_fields: frozenset[str]) -> LoadedModel:
     """The body's fields checked, its model loaded (and held), its `n` within bounds."""
     check_fields(body, unsupported_fields)
-    svc = service(http)
-    lm = await svc.get(body.model, http, body.keep_alive)
+    lm = await svc.get(body.model, client, body.keep_alive)
     _check_n(body, svc, lm)
-    return svc, lm
+    return lm
 
 
 def _check_n(body: SamplingFields, svc: Service, lm: LoadedModel) -> None:
@@ -150,19 +152,19 @@ def _format(kind: Kind, lm: LoadedModel, body: SamplingFields, echo: list[str] |
                         bool(options and options.continuous_usage_stats))
 
 
-async def _respond(svc: Service, gen: Generation, fmt: OpenAIFormat):
+async def _respond(gen: Generation, fmt: OpenAIFormat):
     if fmt.stream:
-        return EventStream(_stream(svc, gen, fmt))
-    return await answer(svc, gen, fmt)
+        return EventStream(_stream(gen, fmt))
+    return await answer(gen, fmt)
 
 
-async def answer(svc: Service, gen: Generation, fmt: OpenAIFormat) -> dict:
+async def answer(gen: Generation, fmt: OpenAIFormat) -> dict:
     """A started request run to its end: the answer, not streamed."""
-    choices = await svc.collect(gen)
-    return fmt.response(choices, usage(gen.reqs))
+    choices = await gen.collect()
+    return fmt.response(choices, usage(gen.usage()))
 
 
-async def _stream(svc: Service, gen: Generation, fmt: OpenAIFormat) -> AsyncIterator[bytes]:
+async def _stream(gen: Generation, fmt: OpenAIFormat) -> AsyncIterator[bytes]:
     """Every chunk carries its choice's index. With tools, or a model that thinks, a choice's
     text is told apart as it comes (OpenAIFormat.splits): text goes out at once except what may
     start a call, each call as OpenAI's tool-call deltas once it is complete, reasoning as
@@ -172,7 +174,7 @@ async def _stream(svc: Service, gen: Generation, fmt: OpenAIFormat) -> AsyncIter
     delivered = 0
     if fmt.continuous_usage:
         def usage_now() -> dict:
-            u = usage(gen.reqs)
+            u = usage(gen.usage())
             u["completion_tokens"] = delivered
             u["total_tokens"] = u["prompt_tokens"] + delivered
             return u
@@ -180,7 +182,7 @@ async def _stream(svc: Service, gen: Generation, fmt: OpenAIFormat) -> AsyncIter
     for chunk in fmt.opening_chunks():
         yield chunk
     started: set[int] = set()
-    async for event in svc.stream(gen):
+    async for event in gen.stream():
         if event.error:   # the stream still ends as streams do: with [DONE]
             status, code = error_status(event)
             yield sse(error_body(status, event.error, code))
@@ -190,7 +192,7 @@ async def _stream(svc: Service, gen: Generation, fmt: OpenAIFormat) -> AsyncIter
         i = event.index
         if i not in started:
             started.add(i)
-            for chunk in fmt.echo_chunks(i, gen.prompt_logprobs(i, fmt.n)):
+            for chunk in fmt.echo_chunks(i, gen.prompt_logprobs(i)):
                 yield chunk
         if fmt.splits:
             if event.finish_reason:
@@ -206,7 +208,7 @@ async def _stream(svc: Service, gen: Generation, fmt: OpenAIFormat) -> AsyncIter
             for chunk in fmt.closing_chunks("", event.finish_reason, i):
                 yield chunk
     if fmt.include_usage:
-        yield fmt.usage_chunk(usage(gen.reqs))
+        yield fmt.usage_chunk(usage(gen.usage()))
     yield sse("[DONE]")
 
 

@@ -12,9 +12,9 @@ from fastapi import APIRouter
 from fastapi import Request as HTTPRequest
 from fastapi.responses import JSONResponse
 
-from engine import Worker
 from server.chat.answer import constrain_after_thinking, thinking_mode
-from server.http.errors import APIError, error_body
+from server.http.client import HTTPClient
+from server.http.errors import error_body
 from server.http.openapi import ERROR_RESPONSES, RESPONSES_STREAMED
 from server.http.sse import EventStream, message
 from server.openai.responses_api import (
@@ -24,61 +24,55 @@ from server.openai.responses_api import (
     reject_unsupported,
     to_messages,
 )
-from server.service.service import IGNORED_TOOLS_HEADER, Service, error_status
+from server.service.client import Client
+from server.service.generation import Final, Generation, error_status
+from server.service.service import IGNORED_TOOLS_HEADER, Service
 
 router = APIRouter(prefix="/v1", responses=ERROR_RESPONSES)
 
 
 @router.post("/responses", responses=RESPONSES_STREAMED)
 async def create_response(body: ResponsesRequest, http: HTTPRequest):
-    svc, worker, state, headers = await start_response(body, http)
+    gen, state, headers = await start_response(http.app.state.service, body, HTTPClient(http))
     if body.stream:
-        return EventStream(_stream(svc, worker, state, http), headers=headers)
-    return JSONResponse(await answer(svc, worker, state, http), headers=headers)
+        return EventStream(_stream(gen, state), headers=headers)
+    return JSONResponse(await answer(gen, state), headers=headers)
 
 
-async def start_response(body: ResponsesRequest,
-                         http: HTTPRequest) -> tuple[Service, Worker, ResponseState, dict]:
+async def start_response(svc: Service, body: ResponsesRequest,
+                         client: Client) -> tuple[Generation, ResponseState, dict]:
     """The body checked, its prompt rendered and tokenized, and its generation submitted; with
     the headers of its answer. The Batch API runs a batch line through this and `answer`."""
     reject_unsupported(body)
-    svc: Service = http.app.state.service
-    lm = await svc.get(body.model, http, body.keep_alive)
+    lm = await svc.get(body.model, client, body.keep_alive)
     asked = constraints(body, lm.model)
-    http.state.ignored_tools = asked.ignored_tools   # for the request log
     use = asked.use
     max_tokens = body.max_output_tokens or body.max_tokens
-    prompt = await svc.chat_prompt(lm, to_messages(body, use), max_tokens, http, use=use)
+    prompt = await svc.chat_prompt(lm, to_messages(body, use), max_tokens, client, use=use)
     thinking = thinking_mode(lm.template.thinks, prompt.opens_thinking)
     grammar = constrain_after_thinking(asked.grammar, thinking)
-    worker, req = svc.submit(lm, prompt, body.generation(
-        [prompt], max_tokens, grammar, affinity=body.prompt_cache_key, prompt_field="input"))
+    gen = svc.generate(lm, body.generation(
+        [prompt], max_tokens, grammar, affinity=body.prompt_cache_key, prompt_field="input",
+        ignored_tools=tuple(asked.ignored_tools)), client)
     headers = ({IGNORED_TOOLS_HEADER: ",".join(asked.ignored_tools)}
                if asked.ignored_tools else {})
-    return svc, worker, ResponseState(body, lm.name, req, use, thinking=thinking), headers
+    return gen, ResponseState(body, lm.name, use, thinking=thinking), headers
 
 
-async def answer(svc: Service, worker: Worker, state: ResponseState, http: HTTPRequest) -> dict:
+async def answer(gen: Generation, state: ResponseState) -> dict:
     """A started response run to its end: the response object, not streamed."""
-    async for event in svc.events(worker, state.req, http, poll_disconnect=True):
-        if event.error:   # 500 engine_error, or 503 when a drain ended it
-            status, code = error_status(event)
-            raise APIError(status, event.error, code)
-        state.text += event.text
-        state.finish = event.finish_reason or state.finish
-    if state.finish is None:   # the client went away
-        raise APIError(499, "client disconnected", "client_disconnected")
+    (choice,) = await gen.collect()
+    state.text, state.finish, state.counts = choice.text, choice.finish_reason, choice.usage
     state.finish_output()
     return state.response()
 
 
-async def _stream(svc: Service, worker: Worker, s: ResponseState,
-                  http: HTTPRequest) -> AsyncIterator[bytes]:
+async def _stream(gen: Generation, s: ResponseState) -> AsyncIterator[bytes]:
     """The items as the answer's pieces come: a message's text as deltas, a call's item when it
     is complete, reasoning as reasoning_text deltas (ResponseState.pieces_events)."""
     yield s.event("response.created", response=s.response())
     yield s.event("response.in_progress", response=s.response())
-    async for event in svc.events(worker, s.req, http):
+    async for event in gen.stream():
         if event.error:   # the final event: an engine error, or a drain ended the response
             status, code = error_status(event)
             yield message(json.dumps(
@@ -89,6 +83,8 @@ async def _stream(svc: Service, worker: Worker, s: ResponseState,
             for e in s.pieces_events(event.text):
                 yield e
         s.finish = event.finish_reason or s.finish
+        if isinstance(event, Final):
+            s.counts = event.usage
     for e in s.end_events():
         yield e
     final = "response.completed" if s.status() == "completed" else "response.incomplete"

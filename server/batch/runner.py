@@ -25,9 +25,9 @@ expired) is pending again, and runs later. At start-up lines left running are pe
 again (one transaction writes its files and status). A store failure (a full disk, a corrupt
 page) fails the batch it hit with the store's message, never the server.
 
-A line runs on an HTTP request of its own (`LineRequest`), which holds its model as a client's
-request does, is "disconnected" to cancel the line, and names the batch and line in the
-request log (`batch=ID#LINE`).
+A line runs for a client of its own (`LineClient`, the service's Client as a batch line is
+one), which holds its model as an HTTP client's request does, is "disconnected" to cancel the
+line, and names the batch and line in the request log (`batch=ID#LINE`).
 """
 from __future__ import annotations
 
@@ -41,16 +41,16 @@ from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any
-
-from fastapi import Request as HTTPRequest
+from typing import Protocol
 
 from scheduler.sequence import BACKGROUND
 from server.batch import shapes
 from server.batch.store import ACTIVE, StorageError, Store
 from server.config import BatchSettings
-from server.http.errors import APIError, error_body
-from server.service.leases import SCOPE_KEY
+from server.errors import APIError, error_body
+from server.service.catalog import Entry, Lease
+from server.service.client import Client, Releasable
+from server.service.service import Service
 
 log = logging.getLogger("pagedllama.batch")
 request_log = logging.getLogger("pagedllama.request")
@@ -61,43 +61,51 @@ QUIET_S = 2.0                # a model's time without interactive requests befor
 BUSY_PAUSE_S = 1.0           # after a 429 / 503, a model gets no line for this long
 TRANSIENT = frozenset({429, 499, 503})   # a line that ends so has no answer: it runs again
 
-# (endpoint, the line's body, its HTTP request) -> the route's answer; an APIError as the route
+# (endpoint, the line's body, its client) -> the route's answer; an APIError as the route
 # would answer it (server/api/batches.py: answer_line)
-Execute = Callable[[str, dict, HTTPRequest], Awaitable[dict]]
+Execute = Callable[[str, dict, Client], Awaitable[dict]]
 
 
-class LineRequest:
-    """The HTTP request a batch line runs on: the route's path, the model leases it takes (held
-    until the line ends, as ModelLeases holds a client's), and a receive channel that reports a
-    disconnect once the line is cancelled."""
+class Draining(Protocol):
+    """The server's drain (server/http/drain.py): no line starts while it drains."""
+    draining: bool
 
-    def __init__(self, app: Any, path: str, tag: str):
-        self.leases: list = []
-        self._gone = asyncio.Event()
-        scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1",
-                 "method": "POST", "scheme": "http", "path": path, "raw_path": path.encode(),
-                 "query_string": b"", "root_path": "", "headers": [], "client": None,
-                 "server": None, "app": app, SCOPE_KEY: self.leases,
-                 "state": {"batch_line": tag}}
-        self.http = HTTPRequest(scope, self._receive)
 
-    async def _receive(self) -> dict:
-        await self._gone.wait()
-        return {"type": "http.disconnect"}
+class LineClient:
+    """The client a batch line runs for (server/service/client.py): the route's path, the
+    model leases it takes (held until the line ends, as an HTTP client's are held until its
+    answer is sent), "disconnected" once the line is cancelled, and its batch and line in the
+    request log."""
+
+    def __init__(self, path: str, tag: str):
+        self.path, self.tag = path, tag
+        self.leases: list[Releasable] = []
+        self.logged = False       # the service wrote the line's request log line
+        self._gone = False
+
+    async def is_disconnected(self) -> bool:
+        return self._gone
+
+    def hold(self, lease: Releasable) -> None:
+        self.leases.append(lease)
+
+    def log_name(self) -> str:
+        return f"POST {self.path}"
+
+    def log_notes(self) -> str:
+        self.logged = True
+        return f" batch={self.tag}"
 
     def cancel(self) -> None:
-        self._gone.set()
+        self._gone = True
 
-    def holds(self, entry: Any) -> int:
-        return sum(1 for lease in self.leases if lease.held and lease.entry is entry)
+    def holds(self, entry: Entry) -> int:
+        return sum(1 for lease in self.leases
+                   if isinstance(lease, Lease) and lease.held and lease.entry is entry)
 
     def release(self) -> None:
         for lease in self.leases:
             lease.release()
-
-    @property
-    def logged(self) -> bool:
-        return bool(getattr(self.http.state, "logged", False))
 
 
 @dataclass(eq=False)
@@ -106,7 +114,7 @@ class Line:
     custom_id: str
     request: str
     model: str | None
-    http: LineRequest | None = None
+    client: LineClient | None = None
     task: asyncio.Task | None = None
 
 
@@ -136,9 +144,9 @@ class BatchRunner:
     and the batches not yet ended. The routes (server/api/batches.py) call its methods; its loop
     runs the lines."""
 
-    def __init__(self, settings: BatchSettings, service: Any, app: Any, execute: Execute,
-                 clock: Callable[[], float] = time.time):
-        self.settings, self.service, self.app, self.execute = settings, service, app, execute
+    def __init__(self, settings: BatchSettings, service: Service, drain: Draining,
+                 execute: Execute, clock: Callable[[], float] = time.time):
+        self.settings, self.service, self.drain, self.execute = settings, service, drain, execute
         self.clock = clock
         self.store: Store | None = None
         self.store_error: StorageError | None = None
@@ -341,7 +349,7 @@ class BatchRunner:
                 b.ending = "cancelled"
             if b.ending:
                 for line in b.running.values():
-                    line.http.cancel()
+                    line.client.cancel()
                 if not b.running:
                     self._spawn(b, self._finalize(b, b.ending))
             elif b.status == "finalizing" or (b.status == "in_progress" and b.left <= 0
@@ -364,17 +372,15 @@ class BatchRunner:
         b.busy = asyncio.create_task(run())
 
     def _closing(self) -> bool:
-        drain = getattr(getattr(self.app, "state", None), "drain", None)
-        return (self._stopping or getattr(self.service, "closing", False)
-                or bool(drain is not None and drain.draining))
+        return self._stopping or self.service.closing or self.drain.draining
 
-    def _mine(self, entry: Any) -> int:
-        return sum(line.http.holds(entry) for b in self.active.values()
-                   for line in b.running.values() if line.http is not None)
+    def _mine(self, entry: Entry) -> int:
+        return sum(line.client.holds(entry) for b in self.active.values()
+                   for line in b.running.values() if line.client is not None)
 
     def _watch_models(self) -> None:
         """Note when a model last had a client's request (one the runner did not make)."""
-        catalog = getattr(self.service, "catalog", None)
+        catalog = self.service.catalog
         if catalog is not None and any(entry.users - self._mine(entry) > 0
                                        for entry in catalog.entries.values()):
             self.last_interactive = time.monotonic()
@@ -384,7 +390,7 @@ class BatchRunner:
         now = time.monotonic()
         if self.paused_until.get(model, 0.0) > now or now - self.last_interactive < QUIET_S:
             return False
-        catalog = getattr(self.service, "catalog", None)
+        catalog = self.service.catalog
         entry = catalog.entries.get(model) if catalog is not None and model else None
         if entry is None:   # no such model: its lines fail at once, one at a time
             return self.by_model[model] == 0
@@ -434,7 +440,7 @@ class BatchRunner:
         self._wake.set()
 
     def _start(self, b: Active, line: Line) -> None:
-        line.http = LineRequest(self.app, b.row["endpoint"], f"{b.id}#{line.idx}")
+        line.client = LineClient(b.row["endpoint"], f"{b.id}#{line.idx}")
         b.running[line.idx] = line
         self.by_model[line.model] += 1
         line.task = asyncio.create_task(self._run(b, line), name=f"batch-line-{b.id}#{line.idx}")
@@ -446,7 +452,7 @@ class BatchRunner:
             await self._call(self.store.mark_running, b.id, line.idx)
             try:
                 body = await self.execute(b.row["endpoint"], shapes.line_body(line.request),
-                                          line.http.http)
+                                          line.client)
                 status = 200
             except APIError as exc:
                 status, body = exc.status, exc.body()
@@ -457,7 +463,7 @@ class BatchRunner:
                 status, body = 500, error_body(500, f"internal error: {type(exc).__name__}",
                                                "internal_error")
             finally:
-                line.http.release()
+                line.client.release()
             if status in TRANSIENT:
                 await self._call(self.store.release_line, b.id, line.idx)
                 if status != 499:
@@ -466,7 +472,7 @@ class BatchRunner:
                     b.queue.appendleft(Line(line.idx, line.custom_id, line.request, line.model))
             else:
                 await self._record(b, line, status, body)
-            if not line.http.logged:
+            if not line.client.logged:
                 request_log.info("POST %s %s batch=%s#%d status=%d total=%.3fs",
                                  b.row["endpoint"], "ok" if status == 200 else "error", b.id,
                                  line.idx, status, time.monotonic() - t0)
@@ -560,7 +566,7 @@ class BatchRunner:
         log.error("batch %s failed: %s", b.id, exc.message)
         b.ending = b.ending or "failed"
         for line in b.running.values():
-            line.http.cancel()
+            line.client.cancel()
         errors = [{"code": exc.code, "line": None, "param": None, "message": exc.message}]
         try:
             await self._call(self.store.set_status, b.id, "failed", self.clock(), errors)

@@ -238,10 +238,12 @@ class SamplingFields(Body):
 
     def generation(self, prompts: list[list[int]], max_tokens: int | None,
                    grammar: str | None = None, *, affinity: str | None = None,
-                   prompt_field: str = "prompt") -> GenerationRequest:
+                   prompt_field: str = "prompt",
+                   ignored_tools: tuple[str, ...] = ()) -> GenerationRequest:
         """This body as the service's request: `prompt_field` is what a prompt error names."""
         return GenerationRequest(prompts, self.sampling(), max_tokens, self.n, self.priority,
-                                 self.timeout, grammar, affinity, Blame(prompt=prompt_field))
+                                 self.timeout, grammar, affinity, Blame(prompt=prompt_field),
+                                 ignored_tools)
 
 
 def _stream_options_schema(schema: dict[str, Any]) -> None:

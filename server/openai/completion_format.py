@@ -13,12 +13,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
-from engine import Request
 from engine.logprobs import TokenLogprob
 from scheduler import FinishReason
 from server.chat.answer import Answer, AnswerStream, Reasoning, Thinking, checked_pieces
 from server.chat.tool_calls import Function, ToolCall
 from server.http.sse import json_data, message
+from server.service.generation import Usage
 
 Kind = Literal["chat", "completion"]
 
@@ -36,19 +36,16 @@ def calls_finish(calls: list, reason: FinishReason | None) -> str | None:
     return "tool_calls" if calls and finish != FinishReason.LENGTH.value else finish
 
 
-def usage(reqs: Request | list[Request]) -> dict:
-    """Usage of one request, or of the first choice of each prompt: every prompt counts once,
-    every choice's (fork's) completion tokens count."""
-    reqs = reqs if isinstance(reqs, list) else [reqs]
-    prompt = sum(len(r.prompt) for r in reqs)
-    completion = sum(c.num_output for r in reqs for c in getattr(r, "group", [r]))
-    return {"prompt_tokens": prompt, "completion_tokens": completion,
-            "total_tokens": prompt + completion,
-            "prompt_tokens_details": {"cached_tokens": sum(r.num_cached for r in reqs)}}
+def usage(counts: Usage) -> dict:
+    """A request's usage in OpenAI's shape (Generation.usage: every prompt counts once, every
+    choice's completion tokens count)."""
+    return {"prompt_tokens": counts.prompt_tokens, "completion_tokens": counts.completion_tokens,
+            "total_tokens": counts.total_tokens,
+            "prompt_tokens_details": {"cached_tokens": counts.cached_tokens}}
 
 
 class Choice(Protocol):
-    """One choice's collected answer (server.service.service.Collected)."""
+    """One choice's collected answer (server.service.generation.Collected)."""
     index: int
     text: str
     finish_reason: FinishReason

@@ -37,7 +37,6 @@ from typing import Any
 
 from pydantic import ConfigDict, Field
 
-from engine import Request
 from scheduler import FinishReason
 from server.chat.answer import Answer, AnswerStream, Reasoning, Thinking, checked_pieces
 from server.chat.tool_calls import ToolCall, ToolUse
@@ -48,6 +47,7 @@ from server.openai.bodies import INT32_MAX, Bool, Int, SamplingFields, nullable,
 from server.openai.fields import check_keys, check_stream_options, check_types
 from server.openai.structured import text_format_grammar
 from server.openai.tool_fields import ClientTool, model_name, responses_tools, tool_named
+from server.service.generation import Usage
 
 _TEXT_PARTS = {"input_text", "output_text", "text"}
 _CHAT_ONLY = ("response_format", "json_schema", "grammar")
@@ -410,8 +410,8 @@ class ResponseState:
     """One response being built: what every event and the final object carry."""
     body: ResponsesRequest
     model: str
-    req: Request
     use: ToolUse
+    counts: Usage = Usage()             # the request's usage, once it has finished
     id: str = field(default_factory=lambda: "resp_" + uuid.uuid4().hex)
     item_id: str = field(default_factory=lambda: "msg_" + uuid.uuid4().hex)
     created_at: int = field(default_factory=lambda: int(time.time()))
@@ -524,11 +524,11 @@ class ResponseState:
         return "completed" if self.finish is FinishReason.STOP else "incomplete"
 
     def usage(self) -> dict:
-        n_in, n_out = len(self.req.prompt), self.req.num_output
-        return {"input_tokens": n_in,
-                "input_tokens_details": {"cached_tokens": self.req.num_cached},
-                "output_tokens": n_out, "output_tokens_details": {"reasoning_tokens": 0},
-                "total_tokens": n_in + n_out}
+        c = self.counts
+        return {"input_tokens": c.prompt_tokens,
+                "input_tokens_details": {"cached_tokens": c.cached_tokens},
+                "output_tokens": c.completion_tokens,
+                "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": c.total_tokens}
 
     def response(self) -> dict:
         b, status = self.body, self.status()

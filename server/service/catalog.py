@@ -48,7 +48,7 @@ from engine.memory import MemoryEstimate, MiB, ModelShape, estimate
 from engine.threads import CoreBudget
 from kvcache import PrefixStore
 from server.config import ModelSpec, Settings, total_threads, usable_cores
-from server.http.errors import APIError
+from server.errors import APIError
 from server.service.prompts import TokenBound
 
 log = logging.getLogger("pagedllama.models")

@@ -41,7 +41,8 @@ class GenerationRequest:
     """One request for generation: `n` choices of each prompt (choice j of prompt i has index
     i * n + j). `grammar` (an llguidance grammar) constrains the output token by token;
     `affinity` (a session's key) keeps a session on the replica that served it; `deadline`
-    is seconds before the request is ended (a timeout)."""
+    is seconds before the request is ended (a timeout); `ignored_tools` names the hosted tools
+    left out of the prompt, for the request log."""
     prompts: list[list[int]]
     sampling: Sampling = field(default_factory=Sampling)
     max_tokens: int | None = None
@@ -51,3 +52,4 @@ class GenerationRequest:
     grammar: str | None = None
     affinity: str | None = None
     blame: Blame = field(default_factory=Blame)
+    ignored_tools: tuple[str, ...] = ()

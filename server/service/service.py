@@ -1,90 +1,28 @@
-"""One request's life cycle: its prompt rendered and tokenized on the prompt pool (counted by
-admission control), its choices submitted to a context of its model, its events streamed or
-collected, and its end (finished, cancelled when the client leaves, or ended by a drain).
-The models (the catalogue, loaded on demand within the memory budget) are kept by
-server/service/catalog.py."""
+"""One request's way in: its model held for the client that asked (server/service/client.py),
+its prompt rendered and tokenized on the prompt pool (counted by admission control), and its
+choices submitted to a context of its model. What comes back (events streamed or collected, the
+end: finished, cancelled when the client leaves, or ended by a drain) is
+server/service/generation.py. The models (the catalogue, loaded on demand within the memory
+budget) are kept by server/service/catalog.py. Nothing here speaks HTTP."""
 from __future__ import annotations
 
 import asyncio
-import logging
-import time
-from collections.abc import AsyncIterator
-from dataclasses import dataclass, field, replace
-from enum import StrEnum
-from typing import NamedTuple
+from dataclasses import replace
 
-from fastapi import Request as HTTPRequest
-
-from engine import (
-    ChatTemplateError,
-    ErrorKind,
-    Event,
-    Observer,
-    QueueFull,
-    Request,
-    SamplingParams,
-    Worker,
-)
-from engine.logprobs import TokenLogprob
-from scheduler import FinishReason
+from engine import ChatTemplateError, Observer, QueueFull, Request, SamplingParams, Worker
 from server.chat.tool_calls import ToolUse, prompt_input
 from server.config import Settings
-from server.http.errors import APIError
+from server.errors import APIError
 from server.service.catalog import LoadedModel, Models
-from server.service.leases import hold
+from server.service.client import Client
+from server.service.generation import Generation, Part, Running
 from server.service.prompts import PromptPool
 from server.service.request import GenerationRequest
 from server.service.routing import Affinity
 
-log = logging.getLogger("pagedllama.request")
 # names the hosted / server tools a request gave that this server does not run (left out of
-# the prompt); the request log names them too (http.state.ignored_tools)
+# the prompt); the request log names them too (GenerationRequest.ignored_tools)
 IGNORED_TOOLS_HEADER = "x-pagedllama-ignored-tools"
-SHUTDOWN = FinishReason.ABORT   # the finish reason of a request a drain ended (ErrorKind.SHUTDOWN)
-
-
-class Outcome(StrEnum):
-    """How an HTTP request's generation ended, for its log line."""
-    OK = "ok"                        # every choice finished
-    DISCONNECTED = "disconnected"    # the client went away: its choices were cancelled
-    SHUTDOWN = "shutdown"            # a drain ended it
-    ERROR = "error"                  # the engine failed it
-
-
-class Part(NamedTuple):
-    """One prompt of a request: the context (worker) it runs on and its first choice (the other
-    n - 1 are its forks, `req.group`)."""
-    worker: Worker
-    req: Request
-
-
-@dataclass
-class Generation:
-    """One request on its way through the engine: the model, per prompt the context (worker)
-    and engine request (with its forks when n > 1; their events share one queue), and the HTTP
-    request it answers (for disconnects and the log line). `Service.generate` makes one;
-    `Service.stream(gen)` yields its engine events."""
-    lm: LoadedModel
-    parts: list[Part]
-    http: HTTPRequest
-
-    @property
-    def reqs(self) -> list[Request]:
-        """The first choice of each prompt (usage counts their forks too)."""
-        return [part.req for part in self.parts]
-
-    def prompt_logprobs(self, index: int, n: int):
-        """The prompt logprobs of choice `index` (its prompt's first choice computed them)."""
-        return self.parts[index // n].req.state.prompt_logprobs
-
-
-@dataclass
-class Collected:
-    text: str
-    finish_reason: FinishReason
-    logprobs: list[TokenLogprob]
-    index: int = 0
-    prompt_logprobs: list[TokenLogprob] | None = None
 
 
 class ChatPrompt(list):
@@ -117,29 +55,28 @@ def choice_seed(seed: int | None, i: int) -> int | None:
     return None if seed is None or i == 0 else (seed + i * 0x9E3779B9) & 0xFFFFFFFF
 
 
-@dataclass(eq=False)
-class Live:
-    """An HTTP request's engine requests (every choice of every prompt: forks too) handed to
-    workers and not yet answered (what a drain ends)."""
-    choices: list[Part]
-    finished: set[int] = field(default_factory=set)   # choice indices whose last event came
-
-
 class Service:
     def __init__(self, settings: Settings, observer: Observer | None = None):
         self.settings, self.observer = settings, observer
         self.catalog: Models | None = None
         self.pool = PromptPool()
         self.routes = Affinity()
-        self.live: set[Live] = set()
-        self.closing = False      # set once a drain has ended what ran: nothing new starts
-        self.shutdown_message = ""
+        self.running = Running()
 
     def start(self) -> None:
         """Read the catalogue and load the pinned models (not on the event loop's time: the
         server answers nothing before this returns)."""
         self.catalog = Models(self.settings, self.observer)
         self.catalog.start()
+
+    @property
+    def closing(self) -> bool:
+        """A drain has ended what ran: nothing new starts."""
+        return self.running.closing
+
+    def end_all(self, message: str) -> int:
+        """End every running request now (the end of a drain): Running.end_all."""
+        return self.running.end_all(message)
 
     def stop(self) -> None:
         self.pool.close()
@@ -161,16 +98,16 @@ class Service:
         assert self.catalog is not None, "started"
         return next(iter(self.models), next(iter(self.catalog.entries)))
 
-    async def get(self, name: str | None, http: HTTPRequest, keep_alive: float | None = None,
+    async def get(self, name: str | None, client: Client, keep_alive: float | None = None,
                   reason: str = "request") -> LoadedModel:
-        """The named model, loaded (waiting for its load if need be), held by this request
-        until its exchange ends. `keep_alive`: the request's (Ollama's field), in seconds;
+        """The named model, loaded (waiting for its load if need be), held for the client until
+        its exchange ends. `keep_alive`: the request's (Ollama's field), in seconds;
         `reason`: why it loads, for the log."""
         assert self.catalog is not None, "started"
         entry = self.catalog.entry(name)
         self._refuse_when_closing()
-        hold(http.scope, self.catalog.lease(entry, keep_alive))
-        return await self.catalog.loaded_model(entry, http.is_disconnected, reason)
+        client.hold(self.catalog.lease(entry, keep_alive))
+        return await self.catalog.loaded_model(entry, client.is_disconnected, reason)
 
     async def reserve_embedding(self, lm: LoadedModel) -> None:
         """Count a model's embedding context against the memory budget before its first use
@@ -183,7 +120,7 @@ class Service:
     # (server/service/prompts.py): counted by admission control, dropped if the client leaves, and
     # refused without tokenizing when the token bound shows it cannot fit.
     async def chat_prompt(self, lm: LoadedModel, messages: list[dict], max_tokens: int | None,
-                          http: HTTPRequest, add_generation_prompt: bool = True,
+                          client: Client, add_generation_prompt: bool = True,
                           continue_final_message: bool = False,
                           use: ToolUse | None = None, param: str = "messages",
                           no_thinking: bool = False) -> ChatPrompt:
@@ -197,7 +134,7 @@ class Service:
         if len(messages) >= lm.max_seq_len:   # every message renders to a token at least
             raise _too_long(lm.max_seq_len, len(messages), max_tokens, param)
         cost = _text_size([messages, tools]) + 32 * len(messages)
-        return await self.prepare(lm, cost, http, lambda: self._render_and_tokenize(
+        return await self.prepare(lm, cost, client, lambda: self._render_and_tokenize(
             lm, messages, max_tokens, add_generation_prompt, continue_final_message, tools, param,
             no_thinking))
 
@@ -217,9 +154,9 @@ class Service:
         return prompt_input(messages, use, lm.template.knows_tools, self.settings.tools_first)
 
     async def text_prompt(self, lm: LoadedModel, text: str, max_tokens: int | None,
-                          http: HTTPRequest) -> list[int]:
+                          client: Client) -> list[int]:
         self._check_bound(lm, text, max_tokens, "prompt")
-        return await self.prepare(lm, len(text), http, lambda: lm.model.tokenize(text, True))
+        return await self.prepare(lm, len(text), client, lambda: lm.model.tokenize(text, True))
 
     def _render_and_tokenize(self, lm: LoadedModel, messages: list[dict], max_tokens: int | None,
                              add_generation_prompt: bool, continue_final_message: bool,
@@ -248,14 +185,14 @@ class Service:
         if at_least + 1 > lm.max_seq_len:
             raise _too_long(lm.max_seq_len, at_least, max_tokens, param)
 
-    async def prepare(self, lm: LoadedModel, cost: int, http: HTTPRequest, work):
+    async def prepare(self, lm: LoadedModel, cost: int, client: Client, work):
         """Run `work` (rendering / tokenizing client text; `cost` ~ its length in characters) on
         the prompt pool, counted by admission control, and dropped if the client goes away
         while it waits."""
         self._admit(lm)
         lm.preparing += 1
         try:
-            return await _unless_disconnected(self.pool.run(cost, work), http)
+            return await _unless_disconnected(self.pool.run(cost, work), client)
         finally:
             lm.preparing -= 1
 
@@ -267,52 +204,24 @@ class Service:
                            headers={"Retry-After": "1"})
 
     # ---- one request --------------------------------------------------------------------------
-    def generate(self, lm: LoadedModel, request: GenerationRequest,
-                 http: HTTPRequest) -> Generation:
-        """Validate and submit one request (its n choices of each prompt); the entry point for
-        every API surface."""
+    def generate(self, lm: LoadedModel, request: GenerationRequest, client: Client) -> Generation:
+        """Validate and submit one request (its n choices of each prompt): the one way every
+        API surface, the Batch API and the native route run a request. Its events come back
+        through the Generation (`stream`, `collect`)."""
         parts: list[Part] = []
         try:
             for i, prompt in enumerate(request.prompts):
                 queue = parts[0].req.queue if parts else None
-                parts.append(self.submit(lm, prompt, request, index=i * request.n, queue=queue))
+                parts.append(self._submit(lm, prompt, request, i * request.n, queue))
         except APIError:
             for part in parts:
                 for r in part.req.group:
                     part.worker.cancel(r)
             raise
-        return Generation(lm, parts, http)
+        return Generation(lm, parts, client, self.running, request.ignored_tools)
 
-    def stream(self, gen: Generation) -> AsyncIterator[Event]:
-        """A request's engine events as they come (text pieces, then the finish reason), of
-        every choice (Event.index)."""
-        return self.group_events(gen.parts, gen.http)
-
-    async def collect(self, gen: Generation) -> list[Collected]:
-        """Run a request to its end, not streamed: per choice its whole text, finish reason and
-        logprobs (when asked). Raises APIError 500 on an engine error, 503 when a drain ended
-        it, and 499 if the client went away."""
-        n = len(gen.parts[0].req.group)
-        out = {r.index: Collected("", None, [], r.index) for part in gen.parts
-               for r in part.req.group}
-        texts: dict[int, list[str]] = {i: [] for i in out}
-        async for event in self.group_events(gen.parts, gen.http, poll_disconnect=True):
-            if event.error:   # 500 engine_error, or 503 when a drain ended it
-                status, code = error_status(event)
-                raise APIError(status, event.error, code)
-            c = out[event.index]
-            texts[event.index].append(event.text)
-            c.logprobs += event.logprobs or []
-            c.finish_reason = event.finish_reason
-        if any(c.finish_reason is None for c in out.values()):   # client went away
-            raise APIError(499, "client disconnected", "client_disconnected")
-        for i, c in out.items():
-            c.text = "".join(texts[i])
-            c.prompt_logprobs = gen.prompt_logprobs(i, n)
-        return [out[i] for i in sorted(out)]
-
-    def submit(self, lm: LoadedModel, prompt: list[int], request: GenerationRequest, *,
-               index: int = 0, queue: asyncio.Queue | None = None) -> Part:
+    def _submit(self, lm: LoadedModel, prompt: list[int], request: GenerationRequest,
+                index: int, queue: asyncio.Queue | None) -> Part:
         """Submit request.n choices of one prompt: the first, and n - 1 forks of it. A
         max_tokens beyond the context left after the prompt is capped there (as llama-server and
         Ollama do: agents ask for 32,000 whatever the model); the answer then ends with the
@@ -354,24 +263,6 @@ class Service:
             raise APIError(503, "The server is shutting down.", "server_shutting_down",
                            headers={"Retry-After": "1"})
 
-    def end_all(self, message: str) -> int:
-        """End every running request now (the end of a drain): each choice of each gets a final
-        error event (503 `server_shutting_down`) and is cancelled in its engine. Returns how
-        many HTTP requests."""
-        self.closing, self.shutdown_message = True, message
-        live = list(self.live)
-        for item in live:
-            self._end(item)
-        return len(live)
-
-    def _end(self, item: Live) -> None:
-        """Every choice not yet finished gets its final error event and is cancelled."""
-        for worker, r in item.choices:
-            if r.index not in item.finished:
-                r.queue.put_nowait(Event(error=self.shutdown_message, finish_reason=SHUTDOWN,
-                                         error_kind=ErrorKind.SHUTDOWN, index=r.index))
-                worker.cancel(r)
-
     def _sampling(self, lm: LoadedModel, request: GenerationRequest,
                   max_tokens: int | None) -> SamplingParams:
         d, asked = lm.spec.defaults, request.sampling
@@ -405,93 +296,6 @@ class Service:
             out[int(key)] = float(value)
         return out
 
-    async def events(self, worker: Worker, req: Request, http: HTTPRequest,
-                     poll_disconnect: bool = False) -> AsyncIterator[Event]:
-        """The request's events until it finishes."""
-        async for event in self.group_events([Part(worker, req)], http, poll_disconnect):
-            yield event
-
-    async def group_events(self, parts: list[Part], http: HTTPRequest,
-                           poll_disconnect: bool = False) -> AsyncIterator[Event]:
-        """The events of requests sharing one queue (every choice of every prompt) until each
-        has finished. Leaving early (the client went away, or the stream was cancelled) cancels
-        them all in the engine, which frees their KV."""
-        outcome, next_check = Outcome.OK, time.monotonic() + 0.5
-        choices = [Part(worker, r) for worker, req in parts for r in req.group]
-        queue = parts[0].req.queue
-        live = Live(choices)
-        self.live.add(live)
-        if self.closing:          # submitted just before a drain ended everything
-            self._end(live)
-        try:
-            while len(live.finished) < len(choices):
-                if poll_disconnect:   # nothing is being sent: ask the server about the client
-                    if time.monotonic() >= next_check:
-                        next_check = time.monotonic() + 0.5
-                        if await http.is_disconnected():
-                            outcome = Outcome.DISCONNECTED
-                            return
-                    try:
-                        event = await asyncio.wait_for(queue.get(), timeout=0.5)
-                    except TimeoutError:
-                        continue
-                else:
-                    event = await queue.get()
-                if event.index in live.finished:
-                    continue   # a choice a drain ended, whose own events were on their way
-                if event.error:
-                    outcome = (Outcome.SHUTDOWN if event.error_kind is ErrorKind.SHUTDOWN
-                               else Outcome.ERROR)
-                if event.finish_reason:
-                    live.finished.add(event.index)
-                yield event
-        except (asyncio.CancelledError, GeneratorExit):
-            if outcome is Outcome.OK:
-                outcome = Outcome.DISCONNECTED
-            raise
-        finally:
-            self.live.discard(live)
-            for worker, r in choices:
-                if r.finish_reason is None or outcome is Outcome.DISCONNECTED:
-                    worker.cancel(r)
-            self._log(http, parts, outcome)
-
-    def _log(self, http: HTTPRequest, parts: list[Part], outcome: Outcome) -> None:
-        now, (worker, req) = time.monotonic(), parts[0]
-        choices = [r for _, p in parts for r in p.group]
-        first = req.state.first_token_time
-        ttft = f"{first - req.arrival_time:.3f}s" if first else "-"
-        drafted = sum(r.num_drafted for r in choices)
-        spec = (f" drafted={drafted} accepted={sum(r.num_accepted for r in choices)}"
-                if drafted else "")
-        ignored = getattr(http.state, "ignored_tools", None)
-        batch_line = getattr(http.state, "batch_line", None)   # a Batch API line's, ID#LINE
-        http.state.logged = True
-        seq = req.state.seq
-        steps = seq.prompt_steps if seq is not None else 0
-        cached = sum(p.num_cached for _, p in parts)
-        tier = seq.cached_tier if seq is not None and cached else "kv"
-        log.info("%s %s %s model=%s prompt=%d cached=%d%s prompt_steps=%d completion=%d%s%s "
-                 "ttft=%s total=%.3fs finish=%s%s%s", http.method, http.url.path, outcome,
-                 worker.name, sum(len(p.prompt) for _, p in parts), cached,
-                 f" cached_from={tier}" if cached else "", steps,
-                 sum(r.num_output for r in choices),
-                 spec,
-                 f" choices={len(choices)}" if len(choices) > 1 else "", ttft,
-                 now - req.arrival_time, req.finish_reason or "cancelled",
-                 f" ignored_tools={','.join(ignored)}" if ignored else "",
-                 f" batch={batch_line}" if batch_line else "")
-
-
-_ERROR_STATUS = {ErrorKind.ENGINE: 500, ErrorKind.INVALID: 400, ErrorKind.SHUTDOWN: 503}
-
-
-def error_status(event: Event) -> tuple[int, str]:
-    """The HTTP status and error code of an event that carries an error."""
-    kind = event.error_kind or ErrorKind.ENGINE
-    return _ERROR_STATUS[kind], kind.value
-
-
 def _text_size(value) -> int:
     """How many characters of text a message list holds (its strings, at any depth)."""
     if isinstance(value, str):
@@ -510,7 +314,7 @@ def _too_long(limit: int, prompt_tokens: int, max_tokens: int | None, param: str
                     "completion. Please reduce the prompt.", "context_length_exceeded", param)
 
 
-async def _unless_disconnected(work, http: HTTPRequest):
+async def _unless_disconnected(work, client: Client):
     """Await `work`, polling the client every 0.5 s; if it has gone, cancel the work."""
     task = asyncio.ensure_future(work)
     try:
@@ -518,7 +322,7 @@ async def _unless_disconnected(work, http: HTTPRequest):
             done, _ = await asyncio.wait({task}, timeout=0.5)
             if done:
                 return task.result()
-            if await http.is_disconnected():
+            if await client.is_disconnected():
                 raise APIError(499, "client disconnected", "client_disconnected")
     finally:
         task.cancel()

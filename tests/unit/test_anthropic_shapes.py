@@ -2,7 +2,6 @@
 (server/anthropic/convert.py), and answers as blocks, stop reasons, usage and stream events
 (server/anthropic/message_shape.py)."""
 import json
-from types import SimpleNamespace
 
 import pytest
 
@@ -13,6 +12,7 @@ from server.anthropic.messages_body import MessagesRequest
 from server.chat.answer import Reasoning
 from server.chat.tool_calls import ToolCall
 from server.http.errors import APIError, anthropic_error
+from server.service.generation import Usage
 
 WEATHER = {"name": "get_weather", "input_schema": {"type": "object", "properties": {
     "city": {"type": "string"}}, "required": ["city"]}}
@@ -90,7 +90,7 @@ def test_stop_reasons(finish, calls, stop, full, expected):
 
 
 def test_usage_adds_up_to_the_prompt_and_the_cache_writes_whole_blocks():
-    req = SimpleNamespace(prompt=list(range(100)), num_cached=40, num_output=5)
+    req = Usage(prompt_tokens=100, cached_tokens=40, completion_tokens=5)
     u = usage(req, block_size=8, caching=True)
     assert u == {"input_tokens": 4, "cache_creation_input_tokens": 56,
                  "cache_read_input_tokens": 40, "output_tokens": 5}

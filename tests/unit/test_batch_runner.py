@@ -64,7 +64,7 @@ class Routes:
 
 def make(tmp_path, routes, svc=None, concurrency=4, clock=time.time) -> BatchRunner:
     return BatchRunner(BatchSettings(state_dir=tmp_path, concurrency=concurrency),
-                       svc or service(), SimpleNamespace(state=SimpleNamespace()), routes,
+                       svc or service(), SimpleNamespace(draining=False), routes,
                        clock=clock)
 
 
@@ -338,7 +338,7 @@ def test_an_input_file_with_bad_lines_fails_validation_with_their_numbers(tmp_pa
 def test_a_batch_beyond_the_limits_is_a_clear_4xx(tmp_path):
     async def main():
         r = BatchRunner(BatchSettings(state_dir=tmp_path, max_lines=2, max_active=1), service(),
-                        SimpleNamespace(state=SimpleNamespace()), Routes(hold=["a"]))
+                        SimpleNamespace(draining=False), Routes(hold=["a"]))
         await r.start()
         big = await r.upload("batch", "big.jsonl", jsonl("a", "b", "c"), 3)
         errors = []

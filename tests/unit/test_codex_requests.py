@@ -19,6 +19,7 @@ from server.http import errors
 from server.http.errors import APIError
 from server.openai import responses_api as api
 from server.openai import sealing
+from server.service.generation import Collected, Final, Usage
 from server.service.service import IGNORED_TOOLS_HEADER
 from tests.grammar_bytes import accepts
 
@@ -104,7 +105,7 @@ def test_a_codex_first_request_is_accepted_as_sent():
 
 def test_the_response_echoes_the_reasoning_and_verbosity_asked():
     body = request()
-    state = api.ResponseState(body, "m", None, api.constraints(body, model=None).use)
+    state = api.ResponseState(body, "m", api.constraints(body, model=None).use)
     resp = state.response()
     assert resp["reasoning"] == {"effort": "low", "summary": "auto"}
     assert resp["text"]["verbosity"] == "low" and resp["store"] is False
@@ -274,7 +275,7 @@ def test_an_encrypted_content_this_server_did_not_seal_is_a_400_naming_it(token)
 
 def test_a_streamed_reasoning_item_is_sealed_once_and_sent_as_it_ends():
     body = request()
-    state = api.ResponseState(body, "m", _Req(), api.constraints(body, None).use, thinking=Thinking.OPEN)
+    state = api.ResponseState(body, "m", api.constraints(body, None).use, USAGE, thinking=Thinking.OPEN)
     events = [*state.pieces_events("Plan"), *state.pieces_events(".</think>Done."),
               *state.end_events()]
     done = [_parse(e) for e in events if b"response.output_item.done" in e][0]
@@ -333,7 +334,7 @@ def test_a_call_that_breaks_a_strict_tools_schema_stays_text_as_written():
 @pytest.mark.parametrize("strict", [False, True])
 def test_a_streamed_call_that_breaks_its_schema_is_a_call_unless_the_tool_is_strict(strict):
     body = request(tools=[{**EXEC, "strict": strict}])
-    state = api.ResponseState(body, "m", _Req(), api.constraints(body, None).use)
+    state = api.ResponseState(body, "m", api.constraints(body, None).use, USAGE)
     events = [*state.pieces_events(call("exec_command", {"command": "ls"})), *state.end_events()]
     kinds = [_parse(e).type for e in events]
     assert ("response.function_call_arguments.done" in kinds) is not strict
@@ -341,8 +342,7 @@ def test_a_streamed_call_that_breaks_its_schema_is_a_call_unless_the_tool_is_str
 
 
 # ---- streamed calls, as the OpenAI SDK parses them -----------------------------------------------
-class _Req:   # what api.ResponseState reads of an engine request
-    prompt, num_output, num_cached = [1, 2, 3], 5, 0
+USAGE = Usage(prompt_tokens=3, completion_tokens=5, cached_tokens=0)   # the request's
 
 
 def _parse(message: bytes):
@@ -352,7 +352,7 @@ def _parse(message: bytes):
 
 def test_streamed_custom_and_namespaced_calls_are_events_the_sdk_parses():
     body = request(parallel_tool_calls=True)
-    state = api.ResponseState(body, "m", _Req(), api.constraints(body, None).use)
+    state = api.ResponseState(body, "m", api.constraints(body, None).use, USAGE)
     text = call("apply_patch", {"input": "*** Begin Patch\n*** End Patch"}) + "\n" + \
         call("spawn_agent", {"message": "go"})
     events = [_parse(e) for e in [*state.pieces_events(text), *state.end_events()]]
@@ -369,9 +369,16 @@ def test_streamed_custom_and_namespaced_calls_are_events_the_sdk_parses():
 
 
 # ---- the route: the header, the session key ------------------------------------------------------
-class _Event:
-    def __init__(self, text="", finish=None):
-        self.text, self.finish_reason, self.error = text, finish, None
+class _Generation:
+    """A request answering one canned text."""
+    def __init__(self, text):
+        self.text = text
+
+    async def stream(self):
+        yield Final(self.text, finish_reason=FinishReason.STOP, usage=USAGE)
+
+    async def collect(self):
+        return [Collected(self.text, FinishReason.STOP, [], usage=USAGE)]
 
 
 class _Service:
@@ -388,13 +395,10 @@ class _Service:
     async def chat_prompt(self, lm, messages, max_tokens, http, use=None):
         return type("P", (), {"opens_thinking": False})()
 
-    def submit(self, lm, prompt, request):
+    def generate(self, lm, request, client):
         self.submitted = {"affinity": request.affinity, "grammar": request.grammar,
                           "blame": request.blame.prompt}
-        return None, _Req()
-
-    async def events(self, worker, req, http, poll_disconnect=False):
-        yield _Event(self.text, FinishReason.STOP)
+        return _Generation(self.text)
 
 
 def _client(text: str) -> tuple[TestClient, _Service]:

@@ -7,9 +7,9 @@ import pytest
 from engine.logprobs import TokenLogprob
 from scheduler import FinishReason
 from server.openai.completion_format import OpenAIFormat, usage
-from server.service.service import Collected
+from server.service.generation import Collected, Generation, Part, Usage
 
-REQ = SimpleNamespace(prompt=[1, 2, 3], num_output=4, num_cached=0)
+REQ = Usage(prompt_tokens=3, completion_tokens=4, cached_tokens=0)
 CALL = '<tool_call>{"name": "f", "arguments": {"a": 1}}</tool_call>'
 
 
@@ -97,7 +97,7 @@ def test_usage_counts_every_choice_and_each_prompt_once():
     b = SimpleNamespace(prompt=[1, 2], num_output=5, num_cached=0)
     first = SimpleNamespace(prompt=[1, 2], num_output=1, num_cached=2, group=None)
     first.group = [first, a, b]
-    u = usage([first])
+    u = usage(Generation(None, [Part(None, first)], None, None).usage())
     assert (u["prompt_tokens"], u["completion_tokens"], u["total_tokens"]) == (2, 9, 11)
 
 

@@ -17,6 +17,7 @@ from server.openai.responses_api import (
     to_messages,
 )
 from server.openai.tool_fields import parse_tools, render_messages
+from server.service.generation import Usage
 from tests.grammar_bytes import accepts
 
 WEATHER = {"type": "function", "name": "weather", "description": "Weather in a city",
@@ -127,7 +128,7 @@ def test_truncation_auto_is_accepted_and_echoed():
     """An input too long for the context is refused either way (context_length_exceeded)."""
     b = body(truncation="auto", text={"verbosity": "medium"})
     reject_unsupported(b)
-    state = ResponseState(b, "m", req=None, use=parse_tools(None, None, None, responses=True))
+    state = ResponseState(b, "m", use=parse_tools(None, None, None, responses=True))
     assert state.response()["truncation"] == "auto"
 
 
@@ -282,13 +283,12 @@ def _data(message: bytes) -> str:
     return data[6:]
 
 
-class _Req:   # what ResponseState reads of an engine request
-    prompt, num_output, num_cached = [1, 2, 3], 5, 0
+USAGE = Usage(prompt_tokens=3, completion_tokens=5, cached_tokens=0)   # the request's
 
 
 def test_a_held_back_answer_sends_each_item_as_events_the_openai_sdk_parses():
     use = parse_tools([WEATHER], "auto", None, responses=True)
-    state = ResponseState(body(tools=[WEATHER]), "m", _Req(), use, text="Hm. " + CALL)
+    state = ResponseState(body(tools=[WEATHER]), "m", use, USAGE, text="Hm. " + CALL)
     state.finish = FinishReason.STOP
     events = [e for i, item in enumerate(state.finish_output()) for e in state.item_events(i, item)]
     parsed = [pydantic.TypeAdapter(ResponseStreamEvent).validate_json(_data(e)) for e in events]
