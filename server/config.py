@@ -11,7 +11,8 @@ from pydantic import ValidationError
 
 from engine import EngineConfig
 from server.durations import parse_keep_alive
-from server.openai.bodies import SamplingFields
+from server.http.limits import EdgeLimits
+from server.sampling import TUNABLE, Tuned
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_MODEL = ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -28,20 +29,6 @@ class ModelSpec:
     chat_template: Path | None = None       # a Jinja chat template file instead of the GGUF's
     pin: bool = False                       # loaded at start-up and never unloaded
     keep_alive: float = 300.0               # seconds idle before it is unloaded (< 0: never)
-
-
-@dataclass
-class EdgeLimits:
-    """What the HTTP edge accepts (server/http/edge.py, server/http/protocol.py)."""
-    max_body_bytes: int = 192 * 1024   # 413 above this, before the body is parsed
-    read_timeout: float = 10.0         # a request head, and each read of a body, within this
-    keepalive_timeout: float = 5.0     # an idle connection is closed after this
-    max_header_bytes: int = 16 * 1024  # request line + headers; 431 above this
-    drain_seconds: float = 30.0        # SIGTERM: time running requests get to finish
-    protect_metrics: bool = False      # /metrics, /stats, /dashboard, /docs behind the API key
-    # POST /v1/files (the Batch API's uploads): its own body limit, the batch file limit plus
-    # room for the multipart framing (PAGEDLLAMA_BATCH_MAX_FILE_BYTES)
-    max_upload_bytes: int = 100 * 1024**2 + 64 * 1024
 
 
 # where the server keeps its state (the Batch API's store, the reasoning key) without
@@ -400,9 +387,8 @@ def _models_from_file(path: Path, base: EngineConfig,
     return specs
 
 
-# the sampling values a model may default (a request's own value wins): server/service/service.py
-SAMPLING_DEFAULTS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty",
-                     "presence_penalty", "frequency_penalty")
+# the sampling values a model may default (a request's own value wins): server/sampling.py
+SAMPLING_DEFAULTS = tuple(TUNABLE)
 
 
 def sampling_defaults(raw: object, where: str) -> dict:
@@ -417,7 +403,7 @@ def sampling_defaults(raw: object, where: str) -> dict:
                          f"(allowed: {', '.join(SAMPLING_DEFAULTS)})")
     given = {k: v for k, v in raw.items() if v is not None}
     try:
-        checked = SamplingFields(**given)
+        checked = Tuned(**given)
     except ValidationError as exc:
         first = exc.errors()[0]
         raise ValueError(f"{where}.{'.'.join(map(str, first['loc']))}: {first['msg']}") from None

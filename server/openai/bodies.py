@@ -36,15 +36,13 @@ from pydantic_core import PydanticCustomError
 from server.durations import parse_keep_alive
 from server.http.errors import APIError
 from server.openai.fields import LABELS, NEUTRAL
+from server.sampling import INT32_MAX, TUNABLE, Float, Int, tunable
 from server.service.request import Blame, GenerationRequest, Sampling
 
-INT32_MAX = 2**31 - 1
 INT64_MAX = 2**63 - 1
 JSON_INT_MAX = 2**53 - 1   # the largest integer that every JSON reader holds exactly (a double)
 
-Int = Annotated[int, Field(strict=True)]
 Bool = Annotated[bool, Field(strict=True)]
-Float = Annotated[float, Field(strict=True, allow_inf_nan=False)]   # ints are still accepted
 TokenId = Annotated[int, Field(strict=True, ge=0, le=INT32_MAX)]
 
 
@@ -174,15 +172,14 @@ class SamplingFields(Body):
 
     model: str | None = None
     max_tokens: Int | None = Field(None, ge=1, le=INT32_MAX)
-    temperature: Float | None = Field(None, ge=0.0, le=2.0)
-    top_p: Float | None = Field(None, gt=0.0, le=1.0)
-    top_k: Int | None = Field(None, ge=-1, le=INT32_MAX)
-    min_p: Float | None = Field(None, ge=0.0, le=1.0)
+    temperature: Float | None = tunable("temperature")   # ranges: server/sampling.py
+    top_p: Float | None = tunable("top_p")
+    top_k: Int | None = tunable("top_k")
+    min_p: Float | None = tunable("min_p")
     seed: Int | None = Field(None, description="any integer; -1: random (llama-server's)")
-    presence_penalty: Float | None = Field(None, ge=-2.0, le=2.0)
-    frequency_penalty: Float | None = Field(None, ge=-2.0, le=2.0)
-    # at least 1e-6: a smaller divisor overflows float32 logits (and 5e-324 is 0 there)
-    repetition_penalty: Float | None = Field(None, ge=1e-6, le=10.0)
+    presence_penalty: Float | None = tunable("presence_penalty")
+    frequency_penalty: Float | None = tunable("frequency_penalty")
+    repetition_penalty: Float | None = tunable("repetition_penalty")
     stop: str | StopList | None = None
     ignore_eos: Bool = False
     n: Int = Field(1, ge=1, le=INT32_MAX)   # above PAGEDLLAMA_MAX_N: a 400 in the routes
@@ -230,9 +227,7 @@ class SamplingFields(Body):
         except ValueError as exc:
             raise APIError(400, str(exc), "invalid_value", "top_logprobs") from exc
         return Sampling(
-            temperature=self.temperature, top_k=self.top_k, top_p=self.top_p, min_p=self.min_p,
-            seed=self.seed, repetition_penalty=self.repetition_penalty,
-            presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
+            **{name: getattr(self, name) for name in TUNABLE}, seed=self.seed,
             stop=tuple(self.stop_list()), ignore_eos=self.ignore_eos, logit_bias=self.logit_bias,
             logprobs=k, prompt_logprobs=bool(getattr(self, "echo", False)) and k is not None)
 

@@ -8,24 +8,33 @@ engine's; `max_tokens` None generates until the context ends.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, make_dataclass
+
+from engine.sampling import SamplingParams
+
+# What the service sets itself, not a request: the token limit (capped to the context), the
+# grammar (GenerationRequest.grammar) and how far back penalties look.
+SERVICE_SET = frozenset({"max_tokens", "grammar", "penalty_last_n"})
+# A request's form of an engine value where it differs from the engine's.
+_REQUEST_FORM = {
+    "stop": (tuple[str, ...], ()),
+    "logit_bias": (dict[str, float] | None, None),   # token id (as a string) -> bias
+}
+
+def _optional(kind) -> str:
+    """A field's type (a string: engine/sampling.py uses postponed annotations), or None."""
+    return kind if kind.endswith("| None") else f"{kind} | None"
 
 
-@dataclass(frozen=True)
-class Sampling:
-    temperature: float | None = None
-    top_k: int | None = None
-    top_p: float | None = None
-    min_p: float | None = None
-    seed: int | None = None
-    repetition_penalty: float | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    stop: tuple[str, ...] = ()
-    ignore_eos: bool = False
-    logit_bias: dict[str, float] | None = None   # token id (as a string) -> bias
-    logprobs: int | None = None                  # alternatives per token; None: no logprobs
-    prompt_logprobs: bool = False                # the prompt's own logprobs (completions echo)
+# The engine's sampling values (engine/sampling.py: SamplingParams) as a request asks for them:
+# every field the service does not set itself, None where not asked (the model's default
+# applies, else the engine's); `stop` a tuple, `logit_bias` keyed by token id strings
+# (checked against the model's vocabulary when it is submitted). `logprobs`: alternatives per
+# token (None: no logprobs); `prompt_logprobs`: the prompt's own (completions echo).
+Sampling = make_dataclass("Sampling", [
+    (f.name, *_REQUEST_FORM.get(f.name, (_optional(f.type), None)))
+    for f in fields(SamplingParams) if f.name not in SERVICE_SET], frozen=True,
+    namespace={"__module__": __name__})
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ budget) are kept by server/service/catalog.py. Nothing here speaks HTTP."""
 from __future__ import annotations
 
 import asyncio
-from dataclasses import replace
+from dataclasses import fields, replace
 
 from engine import ChatTemplateError, Observer, QueueFull, Request, SamplingParams, Worker
 from server.chat.tool_calls import ToolUse, prompt_input
@@ -20,6 +20,7 @@ from server.service.prompts import PromptPool
 from server.service.request import GenerationRequest
 from server.service.routing import Affinity
 
+ENGINE_DEFAULTS = SamplingParams()   # a value neither the request nor the model's defaults set
 # names the hosted / server tools a request gave that this server does not run (left out of
 # the prompt); the request log names them too (GenerationRequest.ignored_tools)
 IGNORED_TOOLS_HEADER = "x-pagedllama-ignored-tools"
@@ -265,22 +266,18 @@ class Service:
 
     def _sampling(self, lm: LoadedModel, request: GenerationRequest,
                   max_tokens: int | None) -> SamplingParams:
-        d, asked = lm.spec.defaults, request.sampling
-
-        def pick(name: str, fallback):
-            value = getattr(asked, name)
-            return value if value is not None else d.get(name, fallback)
-
-        return SamplingParams(
-            max_tokens=max_tokens, temperature=pick("temperature", 1.0),
-            top_k=max(0, pick("top_k", 0)), top_p=pick("top_p", 1.0), min_p=pick("min_p", 0.0),
-            seed=generator_seed(asked.seed), repetition_penalty=pick("repetition_penalty", 1.0),
-            presence_penalty=pick("presence_penalty", 0.0),
-            frequency_penalty=pick("frequency_penalty", 0.0),
-            stop=list(asked.stop), ignore_eos=asked.ignore_eos,
-            logit_bias=self._logit_bias(lm, asked.logit_bias, request.blame.logit_bias),
-            logprobs=asked.logprobs, prompt_logprobs=asked.prompt_logprobs,
-            grammar=request.grammar)
+        """The engine's values: each as the request asked, else the model's default, else the
+        engine's."""
+        asked, model = request.sampling, lm.spec.defaults
+        values = {}
+        for f in fields(asked):
+            value = getattr(asked, f.name)
+            values[f.name] = (value if value is not None
+                              else model.get(f.name, getattr(ENGINE_DEFAULTS, f.name)))
+        values.update(top_k=max(0, values["top_k"]), seed=generator_seed(asked.seed),
+                      stop=list(asked.stop), logit_bias=self._logit_bias(
+                          lm, asked.logit_bias, request.blame.logit_bias))
+        return SamplingParams(max_tokens=max_tokens, grammar=request.grammar, **values)
 
     @staticmethod
     def _logit_bias(lm: LoadedModel, bias: dict[str, float] | None,
