@@ -109,13 +109,17 @@ def _readable_spans() -> tuple[list[int], list[int]]:
     return starts, ends
 
 
+def _lib_dir() -> str:
+    """The folder llama-cpp-python loaded libllama from (its own lib folder, or the one its
+    LLAMA_CPP_LIB_PATH named)."""
+    return os.path.dirname(C.llama_cpp._lib._name)
+
+
 @functools.cache
 def _ggml_cpu() -> ctypes.CDLL:
     """llama-cpp-python's libggml-cpu (the library llama.cpp already loaded: same file, same
     handle), from where llama-cpp-python loads its libraries; opened once."""
-    lib_dir = os.environ.get("LLAMA_CPP_LIB_PATH") or os.path.join(os.path.dirname(C.__file__),
-                                                                   "lib")
-    lib = ctypes.CDLL(os.path.join(lib_dir, "libggml-cpu.so"))
+    lib = ctypes.CDLL(os.path.join(_lib_dir(), "libggml-cpu.so"))
     lib.ggml_backend_is_cpu.argtypes = [ctypes.c_void_p]
     lib.ggml_backend_is_cpu.restype = ctypes.c_bool
     lib.ggml_backend_cpu_set_use_ref.argtypes = [ctypes.c_void_p, ctypes.c_bool]
@@ -130,9 +134,7 @@ def _ggml_cpu() -> ctypes.CDLL:
 def build_identity() -> dict:
     """What of this llama.cpp decides its numbers: the version, the CPU features its kernels
     use, and the content of its libraries (a rebuild with other flags computes other sums)."""
-    lib_dir = os.environ.get("LLAMA_CPP_LIB_PATH") or os.path.join(os.path.dirname(C.__file__),
-                                                                   "lib")
-    libs = sorted(p for p in Path(lib_dir).glob("lib*.so*") if p.is_file())
+    libs = sorted(p for p in Path(_lib_dir()).glob("lib*.so*") if p.is_file())
     return {"version": llama_cpp_version(),
             "system": C.llama_print_system_info().decode(errors="replace").strip(),
             "libraries": {p.name: file_digest(p) for p in libs}}

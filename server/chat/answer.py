@@ -28,7 +28,7 @@ from server.chat.tool_calls import (
     breaks_schema,
     partial_suffix,
 )
-from server.http.errors import APIError
+from server.errors import APIError
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 

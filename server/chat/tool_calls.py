@@ -33,7 +33,7 @@ import jsonschema
 import referencing.exceptions
 
 from engine.grammar import GrammarError, check, closed, from_lark, json_value_lark
-from server.http.errors import APIError
+from server.errors import APIError
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 

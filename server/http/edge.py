@@ -23,8 +23,8 @@ import asyncio
 import hmac
 import json
 
-from server.config import EdgeLimits
 from server.http.errors import anthropic_error, error_body, is_anthropic
+from server.http.limits import EdgeLimits
 
 OBSERVABILITY = ("/metrics", "/stats", "/dashboard", "/docs", "/docs/oauth2-redirect", "/redoc",
                  "/openapi.json")

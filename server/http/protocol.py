@@ -24,7 +24,7 @@ import signal
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from server.config import EdgeLimits
+from server.http.limits import EdgeLimits
 
 log = logging.getLogger("pagedllama.server")
 
