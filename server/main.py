@@ -13,11 +13,11 @@ from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBea
 from server.api import (
     anthropic,
     batches,
+    completions,
     embeddings,
     models,
     native,
     observability,
-    openai,
     responses,
     router_info,
 )
@@ -119,7 +119,7 @@ openapi.install(app)
 app.add_middleware(ModelLeases)   # a request holds its models until its exchange ends
 app.add_middleware(Edge)
 cors.install(app, cors_origins())
-app.include_router(openai.router, dependencies=[Depends(require_api_key)])
+app.include_router(completions.router, dependencies=[Depends(require_api_key)])
 app.include_router(responses.router, dependencies=[Depends(require_api_key)])
 app.include_router(anthropic.router, dependencies=[Depends(require_api_key)])
 app.include_router(embeddings.router, dependencies=[Depends(require_api_key)])

@@ -17,7 +17,7 @@ from fastapi.encoders import jsonable_encoder
 from fastapi.responses import Response
 from pydantic import BaseModel, ValidationError
 
-from server.api import embeddings, openai, responses
+from server.api import completions, embeddings, responses
 from server.batch import shapes
 from server.batch.runner import BATCH_PRIORITY, BatchRunner
 from server.batch.store import StorageError
@@ -27,7 +27,7 @@ from server.http.errors import APIError, ErrorResponse, describe_errors
 from server.http.openapi import ERROR_RESPONSES
 from server.openai.bodies import ChatCompletionRequest, CompletionRequest, SamplingFields
 from server.openai.fields import unsupported
-from server.openai.responses_api import ResponsesRequest
+from server.openai.responses_format import ResponsesRequest
 from server.service.client import Client
 from server.service.service import Service
 
@@ -61,11 +61,11 @@ class LineRoute:
 
 
 async def _chat(svc: Service, body: ChatCompletionRequest, client: Client) -> dict:
-    return await openai.answer(*await openai.start_chat(svc, body, client))
+    return await completions.answer(*await completions.start_chat(svc, body, client))
 
 
 async def _completion(svc: Service, body: CompletionRequest, client: Client) -> dict:
-    return await openai.answer(*await openai.start_completion(svc, body, client))
+    return await completions.answer(*await completions.start_completion(svc, body, client))
 
 
 async def _response(svc: Service, body: ResponsesRequest, client: Client) -> dict:

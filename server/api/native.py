@@ -36,7 +36,7 @@ async def health(http: HTTPRequest):
         return JSONResponse({"status": "draining", "models": {}}, status_code=503)
     models = {}
     for name, entry in svc.catalog.entries.items():
-        lm = svc.models.get(name)
+        lm = svc.loaded.get(name)
         about = {"loaded": lm is not None, "state": entry.state, "pinned": entry.pinned,
                  "keep_alive": entry.keep_alive, "in_use": entry.users,
                  "memory": entry.memory(), "loads": entry.loads, "unloads": entry.unloads,

@@ -1,8 +1,9 @@
-"""POST /v1/responses: OpenAI's Responses API (server/openai/responses_api.py shapes it). Generation
-is the same service path as chat completions, `prompt_cache_key` keeping a session on the
-replica that holds its cache; streamed, the text goes out as it comes, except what may start a
-call (tools), and each call goes out as its item once it is complete. Hosted tools left out of
-the prompt are named in the `x-pagedllama-ignored-tools` header and the request log."""
+"""POST /v1/responses: OpenAI's Responses API (server/openai/responses_format.py: its body and
+shapes). Generation is the same service path as chat completions, `prompt_cache_key` keeping a
+session on the replica that holds its cache; streamed, the text goes out as it comes, except
+what may start a call (tools), and each call goes out as its item once it is complete. Hosted
+tools left out of the prompt are named in the `x-pagedllama-ignored-tools` header and the
+request log."""
 from __future__ import annotations
 
 import json
@@ -17,7 +18,7 @@ from server.http.client import HTTPClient
 from server.http.errors import error_body
 from server.http.openapi import ERROR_RESPONSES, RESPONSES_STREAMED
 from server.http.sse import EventStream, message
-from server.openai.responses_api import (
+from server.openai.responses_format import (
     ResponsesRequest,
     ResponseState,
     constraints,

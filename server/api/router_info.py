@@ -24,7 +24,7 @@ router = APIRouter(include_in_schema=False)
 
 def _service(http: HTTPRequest) -> Service | None:
     svc = getattr(http.app.state, "service", None)
-    return svc if svc is not None and svc.models else None
+    return svc if svc is not None and svc.loaded else None
 
 
 def _loading() -> JSONResponse:
@@ -32,13 +32,13 @@ def _loading() -> JSONResponse:
 
 
 def _only_model(svc: Service) -> LoadedModel | None:
-    return next(iter(svc.models.values())) if len(svc.models) == 1 else None
+    return next(iter(svc.loaded.values())) if len(svc.loaded) == 1 else None
 
 
 def server_info(svc: Service) -> dict:
-    info: dict = {"max_running_requests": sum(w.config.max_seqs for lm in svc.models.values()
+    info: dict = {"max_running_requests": sum(w.config.max_seqs for lm in svc.loaded.values()
                                               for w in lm.workers),
-                  "models": list(svc.models)}
+                  "models": list(svc.loaded)}
     lm = _only_model(svc)
     if lm is not None:
         info.update(served_model_name=lm.name, model_path=str(lm.spec.path))
@@ -56,7 +56,7 @@ def model_info(svc: Service) -> dict:
 
 def loads(svc: Service) -> list[dict]:
     out = []
-    for lm in svc.models.values():
+    for lm in svc.loaded.values():
         for w in lm.workers:
             stats = w.snapshot()
             out.append({"dp_rank": len(out), "num_reqs": stats.running + stats.waiting,

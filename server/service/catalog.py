@@ -17,8 +17,9 @@ Invariants:
   thread (`self.executor`): the room is free before the next load takes it.
 - State changes happen on the event loop; the loading and unloading (seconds of llama.cpp work)
   on that thread, never on the event loop.
-- A request holds its model (`Lease`) from the moment it names it until its HTTP exchange ends
-  (server/service/leases.py releases it), streaming included.
+- A request holds its model (`Lease`) from the moment it names it until its exchange ends: its
+  client keeps the lease (server/service/client.py; server/http/client.py releases an HTTP
+  request's when the answer has been sent), streaming included.
 
 A loaded model: weights, tokenizer and chat template loaded once, its contexts (workers) started,
 its embedding context made on first use (counted against the budget then). A context's threads

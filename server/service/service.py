@@ -85,19 +85,19 @@ class Service:
             self.catalog.close()
 
     @property
-    def models(self) -> dict[str, LoadedModel]:
-        """The models loaded now, by name."""
+    def loaded(self) -> dict[str, LoadedModel]:
+        """The models loaded now, by name (`catalog`: every model this process may serve)."""
         return self.catalog.loaded if self.catalog is not None else {}
 
     @property
     def workers(self) -> list[Worker]:
-        return [w for lm in self.models.values() for w in lm.workers]
+        return [w for lm in self.loaded.values() for w in lm.workers]
 
     def default_model(self) -> str:
         """The model a request that names none gets: the first loaded, else the first
         catalogued."""
         assert self.catalog is not None, "started"
-        return next(iter(self.models), next(iter(self.catalog.entries)))
+        return next(iter(self.loaded), next(iter(self.catalog.entries)))
 
     async def get(self, name: str | None, client: Client, keep_alive: float | None = None,
                   reason: str = "request") -> LoadedModel:

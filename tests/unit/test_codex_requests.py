@@ -17,7 +17,7 @@ from server.api import responses as route
 from server.chat.answer import Thinking
 from server.http import errors
 from server.http.errors import APIError
-from server.openai import responses_api as api
+from server.openai import responses_format as api
 from server.openai import sealing
 from server.service.generation import Collected, Final, Usage
 from server.service.service import IGNORED_TOOLS_HEADER

@@ -8,7 +8,7 @@ from openai.types.responses import Response, ResponseStreamEvent
 
 from scheduler import FinishReason
 from server.http.errors import APIError
-from server.openai.responses_api import (
+from server.openai.responses_format import (
     ResponsesRequest,
     ResponseState,
     constraints,
