@@ -22,6 +22,24 @@ def test_a_bad_default_stops_the_server_at_start_up(raw, match):
         sampling_defaults(raw, "d")
 
 
+def test_the_tunable_values_are_one_table_the_body_the_defaults_and_the_engine_share():
+    from dataclasses import fields
+
+    from engine.sampling import SamplingParams
+    from server.config import SAMPLING_DEFAULTS
+    from server.openai.bodies import SamplingFields
+    from server.sampling import TUNABLE
+    from server.service.request import SERVICE_SET, Sampling
+
+    assert SAMPLING_DEFAULTS == tuple(TUNABLE)
+    engine = {f.name for f in fields(SamplingParams)}
+    assert {f.name for f in fields(Sampling)} == engine - SERVICE_SET
+    for name, (_, limits) in TUNABLE.items():
+        metadata = SamplingFields.model_fields[name].metadata
+        assert name in engine and SamplingFields.model_fields[name].default is None
+        assert {k: getattr(m, k) for m in metadata for k in limits if hasattr(m, k)} == limits
+
+
 # ---- chat_template: a Jinja file instead of the GGUF's template ----------------------------------
 def models_file(tmp_path, entry: str):
     from engine import EngineConfig
