@@ -1,7 +1,9 @@
 """A context's request output: what becomes of each token sampled for a request, and how a
 request ends. The worker (engine/worker.py) calls it from its step loop, on its own thread.
 
-`sample` samples a request's next token from a row of the step's logits, `emit` appends a
+`sample_call` and `verify_call` take a decode call's chunks (every one that wants logits is
+sampled, then every verification piece verified: engine/speculation.py), `sample` samples a
+request's next token from a row of the step's logits, `emit` appends a
 token and reads its logprobs, `prompt_logprobs` scores the prompt tokens a chunk predicts,
 `finish` ends a request for any reason, `failed` ends one whose own step raised. Each returns
 the request's event for the step's hand-off (a `Delivery`), or writes into its state.
@@ -102,6 +104,58 @@ class Output:
             return self.finish(req, FinishReason.LENGTH, text + stream.flush(), num_tokens=1)
         return req, Event(text, 1)
 
+    # ---- one llama_decode call's chunks ------------------------------------------------------
+    def sample_call(self, group: list) -> list[Delivery]:
+        """Sample every chunk that wants logits, now: the next decode overwrites them. What
+        fails for one request (its sampler, grammar, stop strings, logprobs) ends that request
+        alone (`failed`); the others go on."""
+        now, offset, events = time.monotonic(), 0, []
+        for chunk in group:
+            first, offset = offset, offset + chunk.end - chunk.start
+            if chunk.drafted:
+                continue   # a verification piece (verify_call)
+            if chunk.seq.prompt_logits:
+                try:
+                    self.prompt_logprobs(chunk, first)
+                except Exception as exc:
+                    events.append(self.failed(chunk.seq.owner, exc))
+                    continue
+            if chunk.wants_logits:
+                reqs = [chunk.seq.owner]
+                if chunk.seq.forks:   # its prompt is computed: the other choices start now
+                    reqs += [s.owner for s in self.scheduler.fork(chunk.seq)]
+                logits = self.context.logits(offset - 1)
+                base = logits.copy() if len(reqs) > 1 else None
+                for req in reqs:
+                    if base is not None:
+                        logits[:] = base
+                    try:
+                        events.append(self.sample(req, offset - 1, now))
+                    except Exception as exc:
+                        events.append(self.failed(req, exc))
+        return events
+
+    def verify_call(self, group: list) -> list[Delivery]:
+        """Verify the call's verification pieces, after its other pieces are sampled
+        (engine/speculation.py): their tokens go through Output.emit as any token does."""
+        now, offset, events = time.monotonic(), 0, []
+        for chunk in group:
+            first, offset = offset, offset + chunk.end - chunk.start
+            if chunk.drafted:
+                try:
+                    events.append(self._verify_one(chunk.seq.owner, chunk, first, now))
+                except Exception as exc:
+                    events.append(self.failed(chunk.seq.owner, exc))
+        return events
+
+    def _verify_one(self, req: Request, chunk, first: int, now: float) -> Delivery:
+        sampler = req.state.sampler
+        assert sampler is not None, "an admitted request"
+        return req, self.speculation.verify(
+            chunk, first, lambda row: sampler.sample(self.context, row),
+            lambda token, row: self.emit(req, token, row, now)[1])
+
+    # ---- ending ----------------------------------------------------------------------------
     def finish(self, req: Request, reason: FinishReason, text: str = "", num_tokens: int = 0,
                error: str | None = None, kind: ErrorKind | None = None) -> Delivery:
         """End a request for any reason and make its last event. Safe for a request that never

@@ -3,14 +3,14 @@
 Each step (`Worker._step`): propose drafts (engine/speculation.py), plan (the scheduler: which
 sequences, how many tokens each, which drafts verify, which KV operations first), apply the
 plan's KV operations, end the requests whose deadline passed, decode the batch (one
-`llama_decode`, or with split KV one call per micro-batch shape: `_groups`; the GIL is released
-inside), sample every sequence that produced logits and verify the drafted tokens of
-verification pieces, apply the frees of what finished, and hand the step's new text to the event
-loop in one hand-off (engine/handoff.py). KV operations reach llama.cpp through
-`Context.apply` (engine/llama.py). What becomes of each sampled token (appended, stop checks,
-logprobs) and how a request ends are engine/output.py's. Speculation's state and decisions are
-engine/speculation.py's: the worker calls it at those points, and drafts reach the scheduler
-through the scheduler's methods.
+`llama_decode`, or with split KV one call per micro-batch shape: engine/batch_shape.py; the GIL
+is released inside), sample every sequence that produced logits and verify the drafted tokens of
+verification pieces (Output.sample_call, verify_call), apply the frees of what finished, and
+hand the step's new text to the event loop in one hand-off (engine/handoff.py). KV operations
+reach llama.cpp through `Context.apply` (engine/llama.py). What becomes of each sampled token
+(appended, stop checks, logprobs) and how a request ends are engine/output.py's. Speculation's
+state and decisions are engine/speculation.py's: the worker calls it at those points, and
+drafts reach the scheduler through the scheduler's methods.
 
 Invariants:
 - The HTTP event loop never calls llama.cpp; it reads only what the worker publishes (immutable
@@ -38,6 +38,7 @@ import time
 from collections import deque
 from dataclasses import replace
 
+from engine.batch_shape import call_groups, micro_batches
 from engine.config import EngineConfig
 from engine.detok import TextStream
 from engine.gather import WaveGather
@@ -333,7 +334,7 @@ class Worker:
         events: list[Delivery] = []
         times = self.times
         self._step_decode_s, self._step_stopped = 0.0, False
-        for group in self._groups(plan.chunks):
+        for group in call_groups(plan.chunks, self.config.kv_unified):
             pieces = [(c.seq.seq_id, c.tokens, c.start, c.num_logits) for c in group]
             if plan.background:   # a client's request stops it; one already here skips it
                 self.context.clear_stop()
@@ -345,7 +346,7 @@ class Worker:
             t_decoded = time.perf_counter()
             seconds = t_decoded - t
             times.decode_calls += 1
-            times.micro_batches += self._micro_batches(group)
+            times.micro_batches += micro_batches(group, self.config.kv_unified)
             times.decode_s += seconds
             self._step_decode_s += seconds
             if status == 2:
@@ -366,8 +367,8 @@ class Worker:
             if status != 0:
                 raise RuntimeError(f"llama_decode returned {status}")
             self.scheduler.advance(StepPlan(chunks=group))
-            events += self._sample(group)
-            events += self._verify(group)
+            events += self.output.sample_call(group)
+            events += self.output.verify_call(group)
             times.sample_s += time.perf_counter() - t_decoded
         times.steps += 1
         self.observer.on_step(self, plan.num_tokens, time.perf_counter() - t0)
@@ -392,56 +393,6 @@ class Worker:
         log.debug("engine %s: a background step %s for a client's request after %.1f ms",
                   self.name, "cut" if cut else "skipped", seconds * 1000)
 
-    def _sample(self, group: list) -> list[Delivery]:
-        """Sample every chunk that wants logits, now: the next decode overwrites them. What
-        fails for one request (its sampler, grammar, stop strings, logprobs) ends that request
-        alone (Output.failed); the others go on."""
-        now, offset, events = time.monotonic(), 0, []
-        for chunk in group:
-            first, offset = offset, offset + chunk.end - chunk.start
-            if chunk.drafted:
-                continue   # a verification piece (_verify)
-            if chunk.seq.prompt_logits:
-                try:
-                    self.output.prompt_logprobs(chunk, first)
-                except Exception as exc:
-                    events.append(self.output.failed(chunk.seq.owner, exc))
-                    continue
-            if chunk.wants_logits:
-                reqs = [chunk.seq.owner]
-                if chunk.seq.forks:   # its prompt is computed: the other choices start now
-                    reqs += [s.owner for s in self.scheduler.fork(chunk.seq)]
-                logits = self.context.logits(offset - 1)
-                base = logits.copy() if len(reqs) > 1 else None
-                for req in reqs:
-                    if base is not None:
-                        logits[:] = base
-                    try:
-                        events.append(self.output.sample(req, offset - 1, now))
-                    except Exception as exc:
-                        events.append(self.output.failed(req, exc))
-        return events
-
-    def _verify(self, group: list) -> list[Delivery]:
-        """Verify the call's verification pieces, after its other pieces are sampled
-        (engine/speculation.py): their tokens go through Output.emit as any token does."""
-        now, offset, events = time.monotonic(), 0, []
-        for chunk in group:
-            first, offset = offset, offset + chunk.end - chunk.start
-            if chunk.drafted:
-                try:
-                    events.append(self._verify_one(chunk.seq.owner, chunk, first, now))
-                except Exception as exc:
-                    events.append(self.output.failed(chunk.seq.owner, exc))
-        return events
-
-    def _verify_one(self, req: Request, chunk, first: int, now: float) -> Delivery:
-        sampler = req.state.sampler
-        assert sampler is not None, "an admitted request"
-        return req, self.speculation.verify(
-            chunk, first, lambda row: sampler.sample(self.context, row),
-            lambda token, row: self.output.emit(req, token, row, now)[1])
-
     def _fail_all(self, message: str) -> None:
         self.failed = message
         owners = [s.owner for s in list(self.scheduler.running) + list(self.scheduler.waiting)]
@@ -449,30 +400,6 @@ class Worker:
         self.context.apply(self.manager.take_ops())
         self._deliver(events)
         self._publish()
-
-    def _groups(self, chunks: list) -> list[list]:
-        """The step's batch in the shape llama.cpp computes it. With split KV, llama.cpp cuts a
-        batch into micro-batches of consecutive seq ids that take the same number of tokens from
-        each sequence: decode tokens out of seq-id order become several micro-batches (each a
-        graph computation of its own), and a 16-token prompt chunk next to decode
-        tokens is computed as 1 + 15 tokens, off the prefill grid. So: one call for the one-token
-        pieces in seq-id order, then one per chunk length, in seq-id order: every micro-batch is
-        then what we asked for. A unified cache computes a batch whole: one call."""
-        if self.config.kv_unified:
-            return [chunks]
-        by_len: dict[int, list] = {}
-        for c in chunks:
-            by_len.setdefault(c.end - c.start, []).append(c)
-        return [sorted(by_len[n], key=lambda c: c.seq.seq_id) for n in sorted(by_len)]
-
-    def _micro_batches(self, group: list) -> int:
-        """How many micro-batches llama.cpp cuts one call of _groups into: one with a unified
-        cache; with split KV one per run of consecutive seq ids (each group's pieces are of one
-        length, in seq-id order)."""
-        if self.config.kv_unified:
-            return 1
-        ids = [c.seq.seq_id for c in group]
-        return 1 + sum(b != a + 1 for a, b in zip(ids, ids[1:]))
 
     def _deliver(self, events: list[Delivery]) -> None:
         if not events:

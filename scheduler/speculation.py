@@ -1,7 +1,7 @@
 """How many drafted tokens each decoding sequence verifies in a step, from what steps cost.
 
 A step's decoding tokens go through llama.cpp in one call per piece length (split KV: a
-micro-batch takes the same number of tokens from each sequence; engine/worker.py, `_groups`),
+micro-batch takes the same number of tokens from each sequence; engine/batch_shape.py),
 and a call of n decoding tokens costs about a + b·n seconds (scheduler/costs.py, `CallModel`:
 a streams the weights once, b is a token's arithmetic), plus the step's overhead outside
 llama.cpp. A sequence that verifies m drafted tokens, each accepted with probability r given the

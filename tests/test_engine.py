@@ -355,12 +355,14 @@ def test_split_kv_steps_are_grouped_into_whole_micro_batches(model):
     """Decode tokens go in one call in seq-id order (llama.cpp's split-KV micro-batches need
     consecutive ids), then each prompt-chunk length in its own call."""
     from types import SimpleNamespace as NS
+
+    from engine.batch_shape import call_groups
     worker = make_worker(model)
     try:
         chunks = [NS(seq=NS(seq_id=i), start=s, end=e)
                   for i, s, e in [(5, 9, 10), (2, 30, 31), (7, 0, 16), (3, 16, 32), (0, 4, 5),
                                   (6, 32, 37)]]
-        groups = worker._groups(chunks)
+        groups = call_groups(chunks, worker.config.kv_unified)
         assert [[c.seq.seq_id for c in g] for g in groups] == [[0, 2, 5], [6], [3, 7]]
     finally:
         worker.stop()
