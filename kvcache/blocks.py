@@ -126,3 +126,5 @@ class SeqAlloc:
     num_cached: int = 0     # tokens that came from the prefix cache when it was opened
     tier: str = "kv"        # where they came from: the KV streams, or a tier ("ram", "disk")
     num_checked: int = 0    # leading blocks already registered (or shared) by commit
+    query_tokens: int = 0   # what it added to the manager's counts of prompt tokens
+    hit_tokens: int = 0     # and of cached ones

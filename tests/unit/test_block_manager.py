@@ -4,7 +4,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from kvcache import BlockManager, CopyOp, RemoveOp
-from kvcache.manager import TAIL_CELLS_PER_TOKEN
+from kvcache.seq_ids import TAIL_CELLS_PER_TOKEN
 from tests.fakes import FakeKV
 
 BS = 4
@@ -152,11 +152,11 @@ def test_a_parent_becomes_evictable_in_lru_order_after_its_last_child():
     for alloc in (b, x, a, z):                       # releases: P's child, x, P, z
         manager.free(alloc)
     kv.apply(manager.take_ops())
-    manager._evict_one()
+    manager.ids.evict_oldest()
     assert manager.lookup(b_tokens) == 4 and manager.lookup(x_tokens) == 4
-    manager._evict_one()
+    manager.ids.evict_oldest()
     assert manager.lookup(x_tokens) == 0 and manager.lookup(a_tokens) == 4
-    manager._evict_one()
+    manager.ids.evict_oldest()
     assert manager.lookup(a_tokens) == 0 and manager.lookup(z_tokens) == 4
     manager.check_invariants()
 
@@ -170,8 +170,8 @@ def test_a_chain_released_together_is_evicted_tail_to_head_before_newer_leaves()
     compute(manager, kv, y, y_tokens, 0, 5)
     manager.free(a)
     manager.free(y)
-    manager._evict_one()
-    manager._evict_one()
+    manager.ids.evict_oldest()
+    manager.ids.evict_oldest()
     assert manager.lookup(a_tokens) == 0 and manager.lookup(y_tokens) == 4
     manager.check_invariants()
 
@@ -199,7 +199,7 @@ def test_twin_block_computed_twice_is_deduplicated():
 def test_open_fails_without_blocks_and_leaves_no_trace():
     manager, kv = make(num_blocks=2)
     assert manager.open(list(range(20)), 19, 21) is None
-    assert manager.num_free_blocks == 2 and len(manager.free_seq_ids) == 8
+    assert manager.num_free_blocks == 2 and len(manager.ids.free_seq_ids) == 8
     assert manager.take_ops() == []
 
 
@@ -339,7 +339,7 @@ class ManagerMachine(RuleBasedStateMachine):
 
     @rule()
     def evict(self):
-        self.manager._evict_one()
+        self.manager.ids.evict_oldest()
         self.kv.apply(self.manager.take_ops())
 
     @invariant()
@@ -350,7 +350,7 @@ class ManagerMachine(RuleBasedStateMachine):
         for alloc, _, _ in self.live:
             for block in alloc.blocks:
                 refs[block.id] = refs.get(block.id, 0) + 1
-        assert all(b.ref_count == refs.get(b.id, 0) for b in m.blocks)
+        assert all(b.ref_count == refs.get(b.id, 0) for b in m.pool.blocks)
         assert m.num_free_blocks + m.num_used_blocks == m.num_blocks
         if self.share_cells:   # (split KV streams have their own cells per seq id instead)
             assert self.kv.used_cells <= (m.num_blocks - len(m.free_list)) * BS
@@ -421,7 +421,7 @@ def test_split_kv_holder_moves_to_the_highest_free_seq_id():
     compute(manager, kv, a, tokens, 0, 10)
     manager.free(a)
     assert manager.take_ops()[0] == CopyOp(a.seq_id, 3, 0, 8)
-    assert manager.owned == {3: 2}
+    assert manager.ids.owned == {3: 2}
     manager.open(list(range(100, 110)), 9, 11)               # live: 0
     assert manager.open(tokens, 9, 11).seq_id == 1           # 3 would leave a gap: a copy
     manager.check_invariants()
@@ -451,7 +451,7 @@ def test_split_kv_a_prompt_that_leaves_a_short_tail_of_a_holder_runs_on_its_seq_
                                   (BS * TAIL_CELLS_PER_TOKEN - 1, False)):
         manager, kv = make(seq_ids=4, share_cells=False, stream_cells=stream_cells)
         finished(manager, kv, tokens)
-        holder = next(iter(manager.owned))
+        holder = next(iter(manager.ids.owned))
         b = manager.open(nxt, 12, 14)
         ops = manager.take_ops()
         kv.apply(ops)
@@ -502,12 +502,12 @@ def test_split_kv_live_seq_ids_stay_contiguous_when_a_holder_sits_in_the_gap():
     kv.apply(manager.take_ops())
     manager.free(allocs[1])                        # id 1 ends; no free id above: stays a holder
     kv.apply(manager.take_ops())
-    assert sorted(manager.live) == [0, 2] and set(manager.owned) >= {1, 3}
+    assert sorted(manager.live) == [0, 2] and set(manager.ids.owned) >= {1, 3}
     new = manager.open([7, 7, 7, 7, 7], 4, 6)      # no prefix hit; evicts a holder for an id
     kv.apply(manager.take_ops())
     assert new.seq_id == 1 and sorted(manager.live) == [0, 1, 2]
     manager.check_invariants()
-    assert manager.owned[3] == 2 and kv.read(3) == [tuple(prompts[1][:p + 1]) for p in range(8)]
+    assert manager.ids.owned[3] == 2 and kv.read(3) == [tuple(prompts[1][:p + 1]) for p in range(8)]
     manager.free(new)
     again = manager.open(prompts[1], 9, 11)        # the moved holder's blocks still hit
     kv.apply(manager.take_ops())
@@ -559,8 +559,8 @@ def test_evicting_a_chain_leaves_each_holder_the_cells_of_its_own_blocks_only():
     compute(manager, kv, h, tokens, 4, 13)
     manager.free(x)
     manager.free(h)
-    manager._evict_one()
-    manager._evict_one()
+    manager.ids.evict_oldest()
+    manager.ids.evict_oldest()
     kv.apply(manager.take_ops())
     assert manager.num_cached_blocks == 1 and kv.used_cells == BS
     assert sorted(kv.seqs[h.seq_id]) == list(range(BS))
@@ -593,11 +593,11 @@ def test_everything_returns_after_all_sequences_end():
         compute(manager, kv, alloc, tokens, alloc.num_cached, len(tokens))
         manager.free(alloc)
         kv.apply(manager.take_ops())
-    while manager._evict_one():
+    while manager.ids.evict_oldest():
         pass
     kv.apply(manager.take_ops())
     assert kv.used_cells == 0 and len(manager.free_list) == manager.num_blocks
-    assert sorted(manager.free_seq_ids) == list(range(manager.num_seq_ids))
+    assert sorted(manager.ids.free_seq_ids) == list(range(manager.ids.num_seq_ids))
 
 
 def own_cells(kv, alloc, tokens, n):
@@ -649,7 +649,7 @@ def test_a_holder_with_blocks_of_its_own_is_not_handed_on_but_evicted():
     compute(manager, kv, b, b_tokens, 8, 13)
     manager.free(a)
     kv.apply(manager.take_ops())
-    assert not manager._rehome_one()              # a's block 1 is referenced by nobody
+    assert not manager.ids.rehome_one()              # a's block 1 is referenced by nobody
     c = manager.open(list(range(300, 305)), 4, 6)  # evicts a's block 1, then hands block 0 on
     kv.apply(manager.take_ops())
     assert c is not None and c.seq_id == a.seq_id

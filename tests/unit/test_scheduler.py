@@ -475,7 +475,7 @@ def workload_scheduler(policy, preemption, config, n_requests):
     sched = Scheduler(manager, make_policy(policy), max_seqs=c["max_seqs"],
                       max_batch_tokens=c["max_seqs"] + c["prefill_chunk"] + c["spare_budget"],
                       preemption=preemption)
-    streams = 1 if c["share_cells"] else manager.num_seq_ids
+    streams = 1 if c["share_cells"] else manager.ids.num_seq_ids
     return sched, FakeKV(c["blocks"] * BS * streams)
 
 
