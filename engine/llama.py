@@ -35,7 +35,7 @@ from kvcache import (
     SnapshotOp,
     Space,
 )
-from kvcache.tiers import file_digest
+from kvcache.snapshots import file_digest
 
 log = logging.getLogger("pagedllama.llama_cpp")
 _LEVELS = {1: logging.DEBUG, 2: logging.INFO, 3: logging.WARNING, 4: logging.ERROR}

@@ -32,7 +32,7 @@ from engine.config import EngineConfig
 from engine.drafting import Drafter, verify
 from engine.llama import Context, Model, build_identity
 from engine.request import Event, Request
-from kvcache.tiers import write_atomic
+from kvcache.snapshots import write_atomic
 from scheduler import Chunk, Scheduler, Status, StepPlan
 from scheduler.speculation import worth_drafting
 

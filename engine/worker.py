@@ -53,7 +53,7 @@ from engine.speculation import Speculation, speculation_mode
 from engine.stats import ContextStats, StepTimes
 from engine.threads import CoreBudget
 from kvcache import BlockManager, PrefixStore, Space, block_hashes, space_identity
-from kvcache.tiers import file_digest
+from kvcache.snapshots import file_digest
 from scheduler import FinishReason, Scheduler, Sequence, StepPlan, make_policy
 from scheduler.sequence import BACKGROUND
 
@@ -99,7 +99,7 @@ class Worker:
                  budget: CoreBudget | None = None, tiers: PrefixStore | None = None):
         """`publish_prefixes`: publish the cached block hashes after each step (for routing
         between replicas); `budget`: threads shared with the process's other contexts;
-        `tiers`: the prefix cache's RAM and disk tiers (kvcache/tiers.py)."""
+        `tiers`: the prefix cache's RAM and disk tiers (kvcache/snapshots/)."""
         config = config.resolved_for(model)
         assert config.flash_attn is not None and config.max_batch_tokens is not None
         self.name, self.model, self.config = name, model, config
@@ -232,7 +232,7 @@ class Worker:
             self.lease.idle()
 
     def _save_snapshots(self, all_of_them: bool = False) -> None:
-        """Save finished sequences' prefixes to the tiers (kvcache/manager.py: they wait for a
+        """Save finished sequences' prefixes to the tiers (kvcache/tier_link.py: they wait for a
         moment with nothing else to do), one at a time until a request arrives (a copy takes
         up to a second: the next turn of a conversation finds its prefix in the streams
         anyway); `all_of_them` when stopping."""

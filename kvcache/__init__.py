@@ -13,7 +13,7 @@ from kvcache.blocks import (
     block_hashes,
 )
 from kvcache.manager import BlockManager
-from kvcache.tiers import PrefixStore, Space, space_identity
+from kvcache.snapshots import PrefixStore, Space, space_identity
 
 __all__ = ["Block", "BlockManager", "CopyOp", "DropSavedOp", "KVOp", "LoadOp", "PrefixStore",
            "RemoveOp", "RestoreOp", "SaveOp", "SeqAlloc", "SnapshotOp", "Space", "block_hashes",

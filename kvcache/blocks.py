@@ -100,7 +100,7 @@ class DropSavedOp:
 @dataclass(frozen=True)
 class SnapshotOp:
     """Save the state of seq, which holds exactly the KV of `tokens`, to the prefix cache's tiers
-    (kvcache/tiers.py); the sequence keeps its cells."""
+    (kvcache/snapshots/); the sequence keeps its cells."""
     seq: int
     tokens: tuple[int, ...]
 

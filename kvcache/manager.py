@@ -45,8 +45,8 @@ from kvcache.blocks import (
 )
 from kvcache.pool import BlockPool
 from kvcache.seq_ids import SeqIds
+from kvcache.snapshots import Space
 from kvcache.tier_link import TierLink
-from kvcache.tiers import Space
 
 
 class BlockManager:

@@ -1,5 +1,5 @@
 """TierLink: what the block manager asks of the prefix cache's RAM and disk tiers
-(kvcache/tiers.py, a `Space`), and when.
+(kvcache/snapshots/, a `Space`), and when.
 
 Saving: a sequence that ends holding at least the space's `min_tokens` cached tokens not yet
 saved is saved as a snapshot (SnapshotOp) once its holder's cells hold exactly its cached chain,
@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from kvcache.blocks import Block, CopyOp, KVOp, RemoveOp, SnapshotOp, block_hashes
-from kvcache.tiers import Restore, Snapshot, Space
+from kvcache.snapshots import Restore, Snapshot, Space
 
 # A snapshot is loaded when it brings at least this many blocks more than the streams hold, and
 # at least 1/LOAD_RATIO of its own size: loading moves every byte of it (a few GB/s), computing

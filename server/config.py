@@ -52,7 +52,7 @@ class BatchSettings:
 
 @dataclass
 class CacheSettings:
-    """The prefix cache's RAM and disk tiers (kvcache/tiers.py, docs/prefix-cache.md)."""
+    """The prefix cache's RAM and disk tiers (kvcache/snapshots/, docs/prefix-cache.md)."""
     ram: int | None = None          # most bytes in RAM; None: what the memory budget leaves
     disk_dir: Path | None = None    # None: no disk tier
     disk: int = 16 * 1024**3        # most bytes on disk

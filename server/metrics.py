@@ -326,7 +326,7 @@ def _catalog_json(catalog) -> dict:
 
 
 def _tier_metrics(stats: dict):
-    """The prefix cache's RAM and disk tiers (kvcache/tiers.py), a `tier` label each."""
+    """The prefix cache's RAM and disk tiers (kvcache/snapshots/), a `tier` label each."""
     tier = ["tier"]
     families = [
         (GaugeMetricFamily, "prefix_cache_tier_bytes", "Bytes of saved sequence states a tier "

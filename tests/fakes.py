@@ -11,7 +11,7 @@ from kvcache import CopyOp, DropSavedOp, LoadOp, RemoveOp, RestoreOp, SaveOp, Sn
 class FakeKV:
     def __init__(self, n_cells: int, tiers=None):
         self.n_cells = n_cells
-        self.tiers = tiers      # a kvcache.tiers.Space: SnapshotOp saves there
+        self.tiers = tiers      # a kvcache.snapshots.Space: SnapshotOp saves there
         self.seqs: dict[int, dict[int, int]] = {}      # seq -> pos -> cell
         self.tags: dict[int, set[tuple[int, int]]] = {}  # cell -> {(seq, pos)}
         self.values: dict[int, tuple] = {}              # cell -> what was computed there

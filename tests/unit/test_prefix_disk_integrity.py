@@ -1,5 +1,5 @@
-"""The disk tier never restores a state for tokens it was not computed for (kvcache/tiers.py,
-module doc): a file whose bytes changed, whose header was rewritten with other tokens, space or
+"""The disk tier never restores a state for tokens it was not computed for (kvcache/snapshots/,
+package doc): a file whose bytes changed, whose header was rewritten with other tokens, space or
 block size, or that was renamed to another snapshot's name is skipped with a log line, deleted
 and counted as bad."""
 from __future__ import annotations
@@ -19,7 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvcache import PrefixStore, block_hashes
-from kvcache import tiers as tiers_mod
+from kvcache.snapshots import files as snapshot_files
 
 BS = 4
 IDENTITY = {"model": "m", "kv_type": "f16"}
@@ -47,7 +47,7 @@ def written(directory, *token_lists) -> list[Path]:
     for tokens in token_lists:
         space.put(tokens, state_of(tokens))
     s.close()
-    return [space.directory / tiers_mod.file_name(block_hashes(t, BS)[-1])
+    return [space.directory / snapshot_files.file_name(block_hashes(t, BS)[-1])
             for t in token_lists]
 
 
@@ -85,12 +85,12 @@ def rewrite(path: Path, change) -> None:
     """Rewrite a file's header with change(header) and seal it again with valid checksums, as
     a program that knows the format (or a bug in one) would."""
     raw = path.read_bytes()
-    start = len(tiers_mod.MAGIC) + 4
-    (n,) = struct.unpack_from("<I", raw, len(tiers_mod.MAGIC))
+    start = len(snapshot_files.MAGIC) + 4
+    (n,) = struct.unpack_from("<I", raw, len(snapshot_files.MAGIC))
     header = json.loads(raw[start:start + n])
     state = raw[start + n + 4:-4]
     change(header)
-    path.write_bytes(b"".join(tiers_mod.encode(header["space"], header["block_size"],
+    path.write_bytes(b"".join(snapshot_files.encode(header["space"], header["block_size"],
                                                header["tokens"], state)))
 
 

@@ -1,4 +1,4 @@
-"""Processes sharing one disk tier directory (replicas on one machine; kvcache/tiers.py, module
+"""Processes sharing one disk tier directory (replicas on one machine; kvcache/snapshots/, module
 doc): writing, reading and trimming at once, they keep the directory within its byte limit,
 never restore a state for other tokens and never read half a file; a process that only reads
 holds its limit too."""
@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from kvcache import PrefixStore, block_hashes
-from kvcache import tiers as tiers_mod
+from kvcache.snapshots import files as snapshot_files
 
 BS = 4
 IDENTITY = {"model": "m", "kv_type": "f16"}
@@ -48,7 +48,7 @@ def put_for(data: bytes) -> tuple[int, ...]:
 def dir_bytes(directory: Path) -> int:
     """Bytes of snapshot files, counted holding the directory's lock (between two writers'
     renames and trims)."""
-    with tiers_mod.dir_lock(directory):
+    with snapshot_files.dir_lock(directory):
         total = 0
         for path in directory.glob("*/*.kv"):
             try:

@@ -1,4 +1,4 @@
-"""The prefix cache's RAM and disk tiers (kvcache/tiers.py) and the block manager's use of them,
+"""The prefix cache's RAM and disk tiers (kvcache/snapshots/) and the block manager's use of them,
 with a fake KV cache whose cells record what was computed there: a restored prefix must hold
 exactly the values its cold computation wrote."""
 import errno
@@ -8,7 +8,7 @@ import random
 import pytest
 
 from kvcache import BlockManager, LoadOp, PrefixStore, SnapshotOp
-from kvcache import tiers as tiers_mod
+from kvcache.snapshots import store as snapshot_store
 from tests.fakes import FakeKV
 
 BS = 4
@@ -224,7 +224,7 @@ def test_a_failing_disk_turns_writing_off_and_requests_go_on(tmp_path, monkeypat
 
     def full(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")
-    monkeypatch.setattr(tiers_mod, "write_temp", full)
+    monkeypatch.setattr(snapshot_store, "write_temp", full)
     with caplog.at_level(logging.WARNING, "pagedllama.kvcache"):
         space.put(prompt(1, 16), b"A" * 64)
         s.flush()
