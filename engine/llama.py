@@ -462,7 +462,7 @@ class Context:
         self._seq_ptrs = [self.batch.seq_id[i] for i in range(n)]
         self._n_seq[:] = 1
         self._saved: dict[int, bytes] = {}
-        self.tiers: Space | None = None   # the prefix cache's RAM and disk tiers (SnapshotOp)
+        self.tiers: Space | None = None   # the prefix cache's tiers (SnapshotOp, LoadOp)
         self._copying: set[int] = set()   # streams with a copy pending (_settle)
         self.copied = False   # whether the last decode ran stream copies before its pieces
         self._views: dict[int, np.ndarray] = {}   # logits views by address (see logits)
@@ -588,9 +588,12 @@ class Context:
         return view
 
     # ---- memory (KV) operations --------------------------------------------------------------
-    def apply(self, ops: Iterable[KVOp]) -> None:
+    def apply(self, ops: Iterable[KVOp]) -> list[int]:
         """The block manager's KV ops (kvcache/blocks.py), in order: the only place they reach
-        llama.cpp."""
+        llama.cpp. Returns the seq ids of the LoadOps whose state could not be read (a snapshot
+        file gone or damaged since it was found): their sequences are to be planned again
+        (Scheduler.reopen)."""
+        unread = []
         for op in ops:
             if isinstance(op, CopyOp):
                 if self.config.kv_unified:
@@ -610,30 +613,44 @@ class Context:
             elif isinstance(op, DropSavedOp):
                 self.drop_saved(op.key)
             elif isinstance(op, SnapshotOp):
-                if self.tiers is not None:
-                    t0 = time.perf_counter()
-                    if self.tiers.whole_only and len(op.tokens) > self.model.n_swa:
-                        continue    # past a sliding window a restore is not exact (window_only)
-                    self._settle(op.seq)
-                    span = self.seq_pos_range(op.seq)
-                    if not state_covers(span, len(op.tokens), self.tiers.whole_only):
-                        log.warning("not saving the state of seq %d: its cells (positions "
-                                    "%d-%d) do not hold the %d tokens it was to be kept for",
-                                    op.seq, *span, len(op.tokens))
-                        continue
-                    data = self.state_bytes(op.seq)
-                    t1 = time.perf_counter()
-                    self.tiers.put(op.tokens, data)
-                    log.debug("saved the state of %d tokens (%.1f MiB) in %.3f s, kept in "
-                              "%.3f s", len(op.tokens), len(data) / 2**20, t1 - t0,
-                              time.perf_counter() - t1)
-            elif isinstance(op, LoadOp):
-                t0 = time.perf_counter()
-                self._settle(op.seq)
-                self.load_state(op.seq, op.data)
-                self.seq_rm(op.seq, op.n_tokens, -1)
-                if self.tiers is not None:
-                    self.tiers.restored(op.tier, time.perf_counter() - t0)
+                self._snapshot(op)
+            elif isinstance(op, LoadOp) and not self._load(op):
+                unread.append(op.seq)
+        return unread
+
+    def _snapshot(self, op: SnapshotOp) -> None:
+        """Save a sequence's state to the tiers, if its cells hold exactly op.tokens."""
+        if self.tiers is None:
+            return
+        t0 = time.perf_counter()
+        if self.tiers.whole_only and len(op.tokens) > self.model.n_swa:
+            return    # past a sliding window a restore is not exact (window_only)
+        self._settle(op.seq)
+        span = self.seq_pos_range(op.seq)
+        if not state_covers(span, len(op.tokens), self.tiers.whole_only):
+            log.warning("not saving the state of seq %d: its cells (positions %d-%d) do not "
+                        "hold the %d tokens it was to be kept for", op.seq, *span,
+                        len(op.tokens))
+            return
+        data = self.state_bytes(op.seq)
+        t1 = time.perf_counter()
+        self.tiers.put(op.tokens, data)
+        log.debug("saved the state of %d tokens (%.1f MiB) in %.3f s, kept in %.3f s",
+                  len(op.tokens), len(data) / 2**20, t1 - t0, time.perf_counter() - t1)
+
+    def _load(self, op: LoadOp) -> bool:
+        """Load a snapshot's state into a sequence (read now unless the op holds it: Space.load)
+        and cut it to op.n_tokens. False when the state could not be read."""
+        assert self.tiers is not None, "a load is planned only with tiers"
+        restore = self.tiers.load(op)
+        if restore is None:
+            return False
+        t0 = time.perf_counter()
+        self._settle(op.seq)
+        self.load_state(op.seq, restore.data)
+        self.seq_rm(op.seq, op.n_tokens, -1)
+        self.tiers.restored(restore.tier, time.perf_counter() - t0)
+        return True
 
     def _settle(self, seq_id: int) -> None:
         """Before a sequence's state is read or written directly: with split KV, llama.cpp

@@ -2,15 +2,16 @@
 
 Each step (`Worker._step`): propose drafts (engine/speculation.py), plan (the scheduler: which
 sequences, how many tokens each, which drafts verify, which KV operations first), apply the
-plan's KV operations, end the requests whose deadline passed, decode the batch (one
-`llama_decode`, or with split KV one call per micro-batch shape: engine/batch_shape.py; the GIL
-is released inside), sample every sequence that produced logits and verify the drafted tokens of
-verification pieces (Output.sample_call, verify_call), apply the frees of what finished, and
-hand the step's new text to the event loop in one hand-off (engine/handoff.py). KV operations
-reach llama.cpp through `Context.apply` (engine/llama.py). What becomes of each sampled token
-(appended, stop checks, logprobs) and how a request ends are engine/output.py's. Speculation's
-state and decisions are engine/speculation.py's: the worker calls it at those points, and
-drafts reach the scheduler through the scheduler's methods.
+plan's KV operations (a snapshot of the prefix cache's tiers that cannot be read sends the
+sequences loading it back to be planned again: Scheduler.reopen), end the requests whose deadline
+passed, decode the batch (one `llama_decode`, or with split KV one call per micro-batch shape:
+engine/batch_shape.py; the GIL is released inside), sample every sequence that produced logits
+and verify the drafted tokens of verification pieces (Output.sample_call, verify_call), apply
+the frees of what finished, and hand the step's new text to the event loop in one hand-off
+(engine/handoff.py). KV operations reach llama.cpp through `Context.apply` (engine/llama.py).
+What becomes of each sampled token (appended, stop checks, logprobs) and how a request ends are
+engine/output.py's. Speculation's state and decisions are engine/speculation.py's: the worker
+calls it at those points, and drafts reach the scheduler through the scheduler's methods.
 
 Invariants:
 - The HTTP event loop never calls llama.cpp; it reads only what the worker publishes (immutable
@@ -45,15 +46,15 @@ from engine.gather import WaveGather
 from engine.grammar import tokenizer_for
 from engine.handoff import hand_over
 from engine.lease import ThreadLease
-from engine.llama import Context, ContextConfig, Model, build_identity
+from engine.llama import Context, ContextConfig, Model
 from engine.output import Delivery, Output, describe
+from engine.prefix_space import tier_space
 from engine.request import Admit, Cancel, ErrorKind, InboxMessage, Request
 from engine.sampling import Sampler
 from engine.speculation import Speculation, speculation_mode
 from engine.stats import ContextStats, StepTimes
 from engine.threads import CoreBudget
-from kvcache import BlockManager, PrefixStore, Space, block_hashes, space_identity
-from kvcache.snapshots import file_digest
+from kvcache import BlockManager, PrefixStore, block_hashes
 from scheduler import FinishReason, Scheduler, Sequence, StepPlan, make_policy
 from scheduler.sequence import BACKGROUND
 
@@ -307,8 +308,13 @@ class Worker:
         self.lease.adapt(self.context)
         self.scheduler.costs.follow_threads(self.lease.threads)   # scheduler/costs.py
         self.speculation.propose()
+        if self.context.tiers is not None and self.scheduler.waiting:
+            self.context.tiers.refresh()   # other processes' new snapshots, before planning
         plan = self.scheduler.schedule()
-        self.context.apply(plan.ops)
+        unread = self.context.apply(plan.ops)
+        if unread:   # a snapshot to load could not be read: its sequences are planned again
+            self.scheduler.reopen(unread, plan)
+            self.context.apply(self.manager.take_ops())
         events = [self.output.finish(s.owner, FinishReason.TIMEOUT)   # the scheduler ended them
                   for s in self.scheduler.take_expired()]
         self.stats = self._collect_stats(self.stats.step_ms)   # what runs during this decode
@@ -432,18 +438,6 @@ class Worker:
             prefix_query_tokens=m.query_tokens, prefix_hit_tokens=m.hit_tokens,
             num_preemptions=s.num_preemptions, failed=self.failed,
             **self.speculation.counts.stats())
-
-
-def tier_space(store: PrefixStore, model: Model, context: Context,
-               config: EngineConfig) -> Space:
-    """The context's space in the tiers: everything that decides the numbers of its KV."""
-    memo = store.disk_dir / "models.json" if store.disk_dir is not None else None
-    identity = space_identity(
-        model=file_digest(model.path, memo), llama_cpp=build_identity(), kv_type=config.kv_type,
-        flash_attn=bool(config.flash_attn), attention=str(context.attention),
-        kv_unified=config.kv_unified, n_ctx_seq=context.n_ctx_seq, repack=model.repack,
-        on_gpu=model.on_gpu)
-    return store.space(identity, config.block_size, whole_only=model.n_swa > 0)
 
 
 def _put_all(events: list[Delivery]) -> None:

@@ -3,6 +3,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from kvcache.snapshots import Snapshot
 
 NO_PARENT = 0x9E3779B97F4A7C15  # hash chain seed for the first block of a sequence
 
@@ -107,11 +111,14 @@ class SnapshotOp:
 
 @dataclass(frozen=True)
 class LoadOp:
-    """Load a state from the prefix cache's tiers into seq and keep its first n_tokens cells."""
+    """Load a snapshot from the prefix cache's tiers into seq and keep its first n_tokens cells.
+    `tier` is where the snapshot was when the load was planned: "ram", and `data` is its state,
+    held since; or "disk", and the engine reads the state as it applies the op (Space.load)."""
     seq: int
-    data: bytes | bytearray
+    snapshot: Snapshot
     n_tokens: int
     tier: str
+    data: bytes | bytearray | None = None
 
 
 KVOp = CopyOp | RemoveOp | SaveOp | RestoreOp | DropSavedOp | SnapshotOp | LoadOp

@@ -3,7 +3,7 @@ pool and its prefix index (kvcache/pool.py), the mapping of sequences and cached
 llama.cpp seq ids (kvcache/seq_ids.py), and what is asked of the RAM and disk tiers
 (kvcache/tier_link.py). This module opens, grows and closes sequences with them, and queues the
 KV ops (kvcache/blocks.py) that the engine applies in order before its next decode (take_ops).
-It calls no llama.cpp.
+It reads no file and calls no llama.cpp: a tier hit is a LoadOp whose state the engine reads.
 
 A live sequence holds a llama.cpp seq id and a block table. With prefix caching on, every full
 block a sequence computes is registered under its chain hash, owned by its seq id (commit).
@@ -36,7 +36,6 @@ from kvcache.blocks import (
     CopyOp,
     DropSavedOp,
     KVOp,
-    LoadOp,
     RemoveOp,
     RestoreOp,
     SaveOp,
@@ -171,17 +170,27 @@ class BlockManager:
         if found is None or not self.pool.fits([], reserve_tokens, extra_blocks):
             return None
         snap, n = found
-        restore = self.link.fetch(snap, n)
-        if restore is None:
-            return None
         alloc = self.ids.open(seq_id)
         alloc.hashes = list(hashes)
         self.ensure(alloc, n)
-        self._push(LoadOp(seq_id, restore.data, n, restore.tier))
+        load = self.link.load_op(seq_id, snap, n)
+        self._push(load)
         self.commit(alloc, tokens, n)
-        alloc.num_cached, alloc.tier = n, restore.tier
+        alloc.num_cached, alloc.tier = n, load.tier
         self._count_hits(alloc, len(tokens), n)
         return alloc
+
+    def unload(self, seq_ids: list[int]) -> set[int]:
+        """Loads whose state the engine could not read (the snapshot's file gone or damaged
+        since it was found): their blocks leave the prefix cache (SeqIds.unload) and what the
+        sequences that held them counted is taken back. Returns those sequences' seq ids,
+        theirs among them: to be freed (without a snapshot) and opened again."""
+        victims = self.ids.unload(seq_ids)
+        for seq_id in victims:
+            alloc = self.ids.allocs[seq_id]
+            self.query_tokens -= alloc.query_tokens
+            self.hit_tokens -= alloc.hit_tokens
+        return victims
 
     def open_for_restore(self, key: int, tokens: Sequence[int], reserve_tokens: int, *,
                          extra_blocks: int = 0) -> SeqAlloc | None:

@@ -198,6 +198,26 @@ class BlockPool:
         self.unlist(leaf)
         self.release(leaf)
 
+    def uncache(self, block: Block) -> int:
+        """A referenced block without cached children leaves the index: its cells do not hold
+        what it was listed for. It stays in its tables, uncached. Returns its former owner."""
+        self.unlist(block)
+        owner = block.holder
+        block.hash, block.tokens, block.owner, block.parent = None, (), None, None
+        return owner
+
+    def subtree(self, roots: list[Block]) -> list[Block]:
+        """Cached blocks under `roots`, roots included, each once, deepest first (a cached
+        block's index is its depth in its chain)."""
+        found: dict[int, Block] = {}
+        stack = list(roots)
+        while stack:
+            block = stack.pop()
+            if block.id not in found:
+                found[block.id] = block
+                stack.extend(self.children.get(block.key, ()))
+        return sorted(found.values(), key=lambda b: -b.index)
+
     # ---- checks (tests and debugging) -----------------------------------------------------------
     def check_invariants(self) -> None:
         referenced = sum(1 for b in self.blocks if b.ref_count)

@@ -213,6 +213,21 @@ class SeqIds:
                      if deepest.index < len(a.blocks) and a.blocks[deepest.index] is deepest),
                     None)
 
+    def unload(self, seq_ids: list[int]) -> set[int]:
+        """Open sequences that loaded blocks whose KV never arrived (the engine could not read
+        their state): those blocks, and every cached block below them, leave the prefix cache.
+        Returns the seq ids of the open sequences whose tables hold such a block (sharing them
+        since), theirs among them."""
+        allocs = self.allocs
+        roots = [b for s in seq_ids for b in allocs[s].blocks
+                 if b.owner == s and b.hash is not None]
+        gone = self.pool.subtree(roots)
+        for block in gone:
+            self.disown(self.pool.uncache(block))
+        gone_ids = {b.id for b in gone}
+        return set(seq_ids) | {a.seq_id for a in allocs.values()
+                               if any(b.id in gone_ids for b in a.blocks)}
+
     # ---- the next turn on its holder's seq id (split KV) ----------------------------------------
     def adoptable(self, hit: list[Block]) -> list[Block] | None:
         """With split KV: the tail to evict if a prompt whose cached hit is `hit` may open on

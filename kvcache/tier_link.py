@@ -9,14 +9,16 @@ change the holder's cells (`save_before`: the manager runs every op it queues th
 
 Loading: a new sequence whose prompt a snapshot holds further than the streams do, by enough to
 pay for loading it (`find`), gets it (a LoadOp into its own seq id, cut to whole blocks within
-max_reuse), and its blocks join the prefix cache as if computed.
+max_reuse), and its blocks join the prefix cache as if computed. The snapshot is found in the
+space's index, in memory; the engine reads its state when it applies the op (kvcache/snapshots/
+package doc).
 """
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from kvcache.blocks import Block, CopyOp, KVOp, RemoveOp, SnapshotOp, block_hashes
-from kvcache.snapshots import Restore, Snapshot, Space
+from kvcache.blocks import Block, CopyOp, KVOp, LoadOp, RemoveOp, SnapshotOp, block_hashes
+from kvcache.snapshots import Snapshot, Space
 
 # A snapshot is loaded when it brings at least this many blocks more than the streams hold, and
 # at least 1/LOAD_RATIO of its own size: loading moves every byte of it (a few GB/s), computing
@@ -48,10 +50,14 @@ class TierLink:
             return None
         return found
 
-    def fetch(self, snap: Snapshot, n_tokens: int) -> Restore | None:
-        """The state of a snapshot found by `find` (read from disk unless RAM holds it)."""
+    def load_op(self, seq_id: int, snap: Snapshot, n_tokens: int) -> LoadOp:
+        """The LoadOp of a snapshot found by `find`: with its state when RAM holds it (a RAM
+        hit, counted now), else for the engine to read from disk as it applies the op."""
         assert self.tiers is not None, "found in the tiers"
-        return self.tiers.fetch(snap, n_tokens)
+        restore = self.tiers.in_ram(snap, n_tokens)
+        if restore is None:
+            return LoadOp(seq_id, snap, n_tokens, "disk")
+        return LoadOp(seq_id, snap, n_tokens, "ram", restore.data)
 
     # ---- saving -------------------------------------------------------------------------------
     def worth_saving(self, hashes: list[int]) -> bool:

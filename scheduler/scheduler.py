@@ -610,11 +610,7 @@ class Scheduler:
 
     def _preempt(self, seq: Sequence, plan: StepPlan) -> None:
         """Take a running sequence off the context: swap its state to RAM or drop it (recompute)."""
-        for chunk in [c for c in plan.chunks if c.seq is seq]:
-            plan.chunks.remove(chunk)
-            self._release_claims(chunk.claims, seq)
-        self.running.remove(seq)
-        seq.draft = []
+        self._unplan(seq, plan)
         if self.preemption is Preemption.SWAP and seq.num_computed > 0 and (
                 self.max_swapped_tokens is None
                 or self.swapped_tokens + seq.num_computed <= self.max_swapped_tokens):
@@ -622,13 +618,36 @@ class Scheduler:
             self.swapped_tokens += seq.num_computed
         else:
             seq.num_computed, seq.hashes = 0, None
+        self._requeue(seq)
+        seq.num_preemptions += 1
+        self.num_preemptions += 1
+        plan.preempted.append(seq)
+
+    def reopen(self, seq_ids: list[int], plan: StepPlan) -> None:
+        """The engine could not read the snapshots these sequences were loading (a file gone or
+        damaged since it was found: kvcache/snapshots/). They, and any sequence that shared the
+        blocks they loaded, leave this step's plan and wait to be opened again, as if never
+        opened (BlockManager.unload): the next step opens them from what is left."""
+        victims = self.manager.unload(seq_ids)
+        for seq in [s for s in self.running if s.alloc is not None and s.alloc.seq_id in victims]:
+            self._unplan(seq, plan)
+            seq.num_computed = 0
+            self._requeue(seq)
+
+    def _unplan(self, seq: Sequence, plan: StepPlan) -> None:
+        """A running sequence leaves the running set and this step's plan."""
+        for chunk in [c for c in plan.chunks if c.seq is seq]:
+            plan.chunks.remove(chunk)
+            self._release_claims(chunk.claims, seq)
+        self.running.remove(seq)
+        seq.draft = []
+
+    def _requeue(self, seq: Sequence) -> None:
+        """Free a sequence taken off the context (no snapshot: it comes back) and queue it."""
         self.manager.free(seq.allocated, snapshot=False)
         seq.alloc = None
         seq.status = Status.WAITING
-        seq.num_preemptions += 1
-        self.num_preemptions += 1
         self.waiting.append(seq)
-        plan.preempted.append(seq)
 
     def stopped(self, chunks: list[Chunk]) -> None:
         """These chunks' decode was stopped part-way (a step of background work alone, stopped

@@ -11,7 +11,7 @@ from kvcache import CopyOp, DropSavedOp, LoadOp, RemoveOp, RestoreOp, SaveOp, Sn
 class FakeKV:
     def __init__(self, n_cells: int, tiers=None):
         self.n_cells = n_cells
-        self.tiers = tiers      # a kvcache.snapshots.Space: SnapshotOp saves there
+        self.tiers = tiers      # a kvcache.snapshots.Space: SnapshotOp saves there, LoadOp reads
         self.seqs: dict[int, dict[int, int]] = {}      # seq -> pos -> cell
         self.tags: dict[int, set[tuple[int, int]]] = {}  # cell -> {(seq, pos)}
         self.values: dict[int, tuple] = {}              # cell -> what was computed there
@@ -22,7 +22,10 @@ class FakeKV:
     def used_cells(self) -> int:
         return len(self.tags)
 
-    def apply(self, ops) -> None:
+    def apply(self, ops) -> list[int]:
+        """Apply ops as engine/llama.py's Context.apply does; returns the seq ids whose LoadOp
+        found no state to read."""
+        unread = []
         for op in ops:
             if isinstance(op, CopyOp):
                 for pos, cell in list(self.seqs.get(op.src, {}).items()):
@@ -45,12 +48,17 @@ class FakeKV:
                 state = {p: self.values[c] for p, c in self.seqs.get(op.seq, {}).items()}
                 assert sorted(state) == list(range(len(op.tokens))), "a snapshot of whole cells"
                 self.tiers.put(op.tokens, pickle.dumps(state))
-            elif isinstance(op, LoadOp):
+            elif isinstance(op, LoadOp):   # read as the engine reads it (Space.load)
+                restore = self.tiers.load(op)
+                if restore is None:
+                    unread.append(op.seq)
+                    continue
                 for pos in list(self.seqs.get(op.seq, {})):
                     self._drop(op.seq, pos)
-                for pos, value in pickle.loads(op.data).items():
+                for pos, value in pickle.loads(restore.data).items():
                     if pos < op.n_tokens:
                         self.write(op.seq, pos, value)
+        return unread
 
     def write(self, seq: int, pos: int, value: tuple) -> None:
         """What llama_decode does for one token: a new cell for (seq, pos)."""

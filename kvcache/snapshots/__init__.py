@@ -31,9 +31,16 @@ Sharing the directory (replicas on one machine): a file is written under a tempo
 renamed into place, so a reader never sees half of one, and a file deleted while read stays
 readable. The rename and the trim that follows it hold a lock on `<dir>/.lock`, so the
 directory exceeds the smallest byte limit of the processes using it by at most the file just
-renamed. A process that only reads trims too: when a lookup sees that its space's folder
+renamed. A process that only reads trims too: when a refresh sees that its space's folder
 changed, its disk thread trims the directory to its own limit. An error writing (a full or
 read-only disk) turns writing off with a log line, and requests go on without it.
+
+Planning reads no file: the block manager looks snapshots up in the index (`Space.find`, in
+memory) and asks for a hit with a LoadOp (kvcache/blocks.py); the engine reads its state
+(`Space.fetch`: from RAM, or read and checked from disk) when it applies the op, and a state
+that cannot be read sends its sequence back to be planned again (engine/llama.py,
+Context.apply; the scheduler's `reopen`). The engine also looks for other processes' new files
+before it plans (`Space.refresh`).
 
 Parts: files.py (the file format, its checks, and the file utilities: the only file I/O of the
 kvcache package is in this package), space.py (`Space`, `Snapshot`: the index of one space,

@@ -1,5 +1,6 @@
 """Space: the snapshots of one set of numbers (the package doc), indexed by the chained block
-hashes of their tokens: what a context's block manager looks up and its engine saves into."""
+hashes of their tokens: what a context's block manager looks up and its engine saves into, reads
+and restores from."""
 from __future__ import annotations
 
 import logging
@@ -10,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from kvcache.blocks import block_hashes
+from kvcache.blocks import LoadOp, block_hashes
 from kvcache.snapshots.files import (
     FILE_SUFFIX,
     RACY_NS,
@@ -71,7 +72,7 @@ class Restore:
 
 class Space:
     """The snapshots of one space (package doc): what a context's block manager looks up and its
-    engine saves into."""
+    engine saves into, reads and restores from."""
 
     def __init__(self, store: PrefixStore, digest: str, identity: dict, block_size: int,
                  whole_only: bool):
@@ -149,9 +150,9 @@ class Space:
     def find(self, hashes: Sequence[int], tokens: Sequence[int],
              max_tokens: int) -> tuple[Snapshot, int] | None:
         """The snapshot holding the most of this prompt's leading blocks, up to max_tokens, and
-        how many tokens of it to use (whole blocks; all of it for whole_only spaces)."""
+        how many tokens of it to use (whole blocks; all of it for whole_only spaces). The index
+        only, in memory: files other processes wrote since the last `refresh` are not seen."""
         bs = self.block_size
-        self._rescan_if_changed()
         with self.store.lock:
             n = 0
             while n < len(hashes) and (n + 1) * bs <= max_tokens and hashes[n] in self.by_hash:
@@ -165,16 +166,25 @@ class Space:
                     return best, (i + 1) * bs
         return None
 
+    def in_ram(self, snap: Snapshot, n_tokens: int) -> Restore | None:
+        """The state of a snapshot found by find if RAM holds it (a hit), else None; no I/O."""
+        t0 = time.perf_counter()
+        with self.store.lock:
+            if snap.data is None:
+                return None
+            self.store.touch(snap)
+            return self._hit("ram", snap.data, n_tokens, t0)
+
     def fetch(self, snap: Snapshot, n_tokens: int) -> Restore | None:
         """The state of a snapshot found by find: from RAM, or read and checked from disk (then
         kept in RAM). None when the disk copy is gone or fails a check (logged, deleted)."""
+        restore = self.in_ram(snap, n_tokens)
+        if restore is not None:
+            return restore
         store = self.store
         t0 = time.perf_counter()
         with store.lock:
-            data, path = snap.data, snap.path
-            if data is not None:
-                store.touch(snap)
-                return self._hit("ram", data, n_tokens, t0)
+            path = snap.path
         if path is None:
             return None
         try:
@@ -197,6 +207,27 @@ class Space:
                 pass
             store._keep_in_ram(snap, data)
             return self._hit("disk", data, n_tokens, t0)
+
+    def load(self, op: LoadOp) -> Restore | None:
+        """The state a LoadOp loads (the engine, applying it): held since it was planned (a RAM
+        hit), or read now (`read`). None when it cannot be read."""
+        if op.data is not None:
+            return Restore(op.data, op.n_tokens, op.tier)
+        return self.read(op.snapshot, op.n_tokens)
+
+    def read(self, snap: Snapshot, n_tokens: int) -> Restore | None:
+        """The state for a LoadOp of snap's first n_tokens (the engine, applying it): fetch's,
+        or, when snap left the tiers since it was found (a snapshot that continues it replaced
+        it), the state of the snapshot that holds those tokens now."""
+        with self.store.lock:
+            if snap not in self.by_hash.get(snap.key, ()):
+                hashes, tokens = snap.hashes, snap.tokens
+                found = self.find(hashes[:n_tokens // self.block_size], tokens[:n_tokens],
+                                  n_tokens)
+                if found is None:
+                    return None
+                snap = found[0]
+        return self.fetch(snap, n_tokens)
 
     def _hit(self, tier: str, data: State, n_tokens: int, t0: float) -> Restore:
         counts = self.store.counts[tier]
@@ -281,7 +312,9 @@ class Space:
                                             for s in sp.on_disk.values())
         return bool(names - known)
 
-    def _rescan_if_changed(self) -> None:
+    def refresh(self) -> None:
+        """Index the files other processes wrote or deleted since the last look, if the space's
+        folder changed (the engine calls this before it plans)."""
         if self.store.disk_dir is None:
             return
         try:

@@ -83,6 +83,7 @@ def work(role: str, seed: int, directory: str, ops: int, start, writers_done,
 
     def look(tokens):
         out["lookups"] += 1
+        space.refresh()   # as the engine does before it plans
         found = space.find(block_hashes(tokens, BS), tokens, len(tokens))
         if found is None:
             return
@@ -177,7 +178,8 @@ def test_a_process_that_only_reads_trims_the_directory_to_its_limit(tmp_path):
     token_lists = put_files(tmp_path, 12)      # another process writes, within its own limit
     assert dir_bytes(tmp_path) > READER_LIMIT
     last = token_lists[-1]
-    found = space.find(block_hashes(last, BS), last, len(last))   # sees the new files
+    space.refresh()                                               # sees the new files
+    found = space.find(block_hashes(last, BS), last, len(last))
     reader.flush()
     assert dir_bytes(tmp_path) <= READER_LIMIT
     assert found is not None and bytes(space.fetch(*found).data) == state_of(last)

@@ -108,6 +108,40 @@ def test_a_small_gain_over_the_streams_loads_nothing():
     assert not any(isinstance(op, LoadOp) for op in manager.take_ops())
 
 
+def test_a_state_that_cannot_be_read_when_its_load_is_applied_is_unloaded(tmp_path):
+    """Planning reads no file: a disk hit's state is read as its LoadOp is applied. A file
+    damaged in between sends back the sequence loading it and one that shared its blocks in
+    the same step: the blocks leave the cache, the counts are taken back, and opened again,
+    the prompt is computed."""
+    s = store(tmp_path, ram=0)
+    space = s.space(IDENTITY, BS, whole_only=False)
+    manager, kv = make(space, seq_ids=3)
+    a = prompt(1, 40)
+    run(manager, kv, a)
+    kv.apply(manager.take_snapshots())
+    s.flush()
+    while manager.ids.evict_oldest():   # the streams forget it: only the disk holds it
+        pass
+    kv.apply(manager.take_ops())
+    counts = (manager.query_tokens, manager.hit_tokens)
+    first = manager.open(a + [7, 7, 7], 40, 44)
+    second = manager.open(a + [8, 8, 8], 40, 44)   # shares the blocks the first loads
+    assert (first.num_cached, first.tier, second.num_cached) == (40, "disk", 40)
+    (path,) = tmp_path.glob("*/*.kv")
+    raw = bytearray(path.read_bytes())
+    raw[len(raw) // 2] ^= 1
+    path.write_bytes(bytes(raw))
+    assert kv.apply(manager.take_ops()) == [first.seq_id]
+    assert manager.unload([first.seq_id]) == {first.seq_id, second.seq_id}
+    manager.free(first, snapshot=False)
+    manager.free(second, snapshot=False)
+    kv.apply(manager.take_ops())
+    manager.check_invariants()
+    assert manager.lookup(a) == 0 and (manager.query_tokens, manager.hit_tokens) == counts
+    assert kv.used_cells == 0 and s.counts["disk"].bad == 1
+    assert run(manager, kv, a + [7, 7, 7]) == (0, "kv")
+
+
 def test_a_longer_snapshot_replaces_the_ones_it_continues():
     s = store()
     space = s.space(IDENTITY, BS, whole_only=False)
@@ -202,7 +236,8 @@ def test_two_processes_share_a_directory(tmp_path):
     a = prompt(1, 16)
     sp1.put(a, b"A" * 64)
     s1.flush()
-    found = sp2.find(space_hashes(a), a, 16)     # written by the other one since it started
+    sp2.refresh()                                # written by the other one since it started
+    found = sp2.find(space_hashes(a), a, 16)
     assert found is not None and bytes(sp2.fetch(*found).data) == b"A" * 64
 
 
