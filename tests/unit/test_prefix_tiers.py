@@ -9,6 +9,7 @@ import pytest
 
 from kvcache import BlockManager, LoadOp, PrefixStore, SnapshotOp
 from kvcache.snapshots import store as snapshot_store
+from scheduler import Scheduler, Sequence, make_policy
 from tests.fakes import FakeKV
 
 BS = 4
@@ -108,29 +109,40 @@ def test_a_small_gain_over_the_streams_loads_nothing():
     assert not any(isinstance(op, LoadOp) for op in manager.take_ops())
 
 
+def on_disk_only(tmp_path, tokens):
+    """A manager (3 seq ids) and its fake KV after `tokens` ran, were saved, reached the disk
+    and left the streams and RAM: only the disk holds them."""
+    s = store(tmp_path, ram=0)
+    space = s.space(IDENTITY, BS, whole_only=False)
+    manager, kv = make(space, seq_ids=3)
+    run(manager, kv, tokens)
+    kv.apply(manager.take_snapshots())
+    s.flush()
+    while manager.ids.evict_oldest():
+        pass
+    kv.apply(manager.take_ops())
+    return s, manager, kv
+
+
+def damage_the_file(tmp_path):
+    (path,) = tmp_path.glob("*/*.kv")
+    raw = bytearray(path.read_bytes())
+    raw[len(raw) // 2] ^= 1
+    path.write_bytes(bytes(raw))
+
+
 def test_a_state_that_cannot_be_read_when_its_load_is_applied_is_unloaded(tmp_path):
     """Planning reads no file: a disk hit's state is read as its LoadOp is applied. A file
     damaged in between sends back the sequence loading it and one that shared its blocks in
     the same step: the blocks leave the cache, the counts are taken back, and opened again,
     the prompt is computed."""
-    s = store(tmp_path, ram=0)
-    space = s.space(IDENTITY, BS, whole_only=False)
-    manager, kv = make(space, seq_ids=3)
     a = prompt(1, 40)
-    run(manager, kv, a)
-    kv.apply(manager.take_snapshots())
-    s.flush()
-    while manager.ids.evict_oldest():   # the streams forget it: only the disk holds it
-        pass
-    kv.apply(manager.take_ops())
+    s, manager, kv = on_disk_only(tmp_path, a)
     counts = (manager.query_tokens, manager.hit_tokens)
     first = manager.open(a + [7, 7, 7], 40, 44)
     second = manager.open(a + [8, 8, 8], 40, 44)   # shares the blocks the first loads
     assert (first.num_cached, first.tier, second.num_cached) == (40, "disk", 40)
-    (path,) = tmp_path.glob("*/*.kv")
-    raw = bytearray(path.read_bytes())
-    raw[len(raw) // 2] ^= 1
-    path.write_bytes(bytes(raw))
+    damage_the_file(tmp_path)
     assert kv.apply(manager.take_ops()) == [first.seq_id]
     assert manager.unload([first.seq_id]) == {first.seq_id, second.seq_id}
     manager.free(first, snapshot=False)
@@ -140,6 +152,28 @@ def test_a_state_that_cannot_be_read_when_its_load_is_applied_is_unloaded(tmp_pa
     assert manager.lookup(a) == 0 and (manager.query_tokens, manager.hit_tokens) == counts
     assert kv.used_cells == 0 and s.counts["disk"].bad == 1
     assert run(manager, kv, a + [7, 7, 7]) == (0, "kv")
+
+
+def test_a_sequence_whose_state_cannot_be_read_is_planned_again(tmp_path):
+    """The scheduler's side, as the worker calls it (Scheduler.reopen): the sequence leaves the
+    step's plan and waits; the next step opens it from the streams and computes its prompt."""
+    a = prompt(1, 40)
+    _, manager, kv = on_disk_only(tmp_path, a)
+    sched = Scheduler(manager, make_policy("fifo"), max_seqs=2, max_batch_tokens=64)
+    seq = Sequence(a + [7, 7, 7], 2, 0, None)
+    sched.add(seq)
+    plan = sched.schedule()
+    assert (seq.cached_tier, seq.num_computed) == ("disk", 40) and plan.chunks
+    damage_the_file(tmp_path)
+    unread = kv.apply(plan.ops)
+    assert unread == [seq.seq_id]
+    sched.reopen(unread, plan)
+    kv.apply(manager.take_ops())
+    manager.check_invariants()
+    assert not plan.chunks and seq.alloc is None and seq in sched.waiting
+    plan = sched.schedule()
+    assert kv.apply(plan.ops) == []
+    assert (seq.cached_tier, seq.num_cached_tokens, plan.chunks[0].start) == ("kv", 0, 0)
 
 
 def test_a_longer_snapshot_replaces_the_ones_it_continues():

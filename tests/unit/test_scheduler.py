@@ -29,7 +29,10 @@ def step(sched, kv, next_token=lambda seq: 1000 + seq.num_output, now=None):
     whose prompt was just computed forks its pending forks (n > 1), and each sequence that
     produced logits appends its sampled token."""
     plan = sched.schedule(now)
-    kv.apply(plan.ops)
+    unread = kv.apply(plan.ops)
+    if unread:   # a state that could not be read: planned again
+        sched.reopen(unread, plan)
+        kv.apply(sched.manager.take_ops())
     for c in plan.chunks:
         for pos in range(c.start, c.end):
             kv.write(c.seq.seq_id, pos, tuple(c.seq.tokens[:pos + 1]))
