@@ -36,10 +36,11 @@ changed, its disk thread trims the directory to its own limit. An error writing 
 read-only disk) turns writing off with a log line, and requests go on without it.
 
 Planning reads no file: the block manager looks snapshots up in the index (`Space.find`, in
-memory) and asks for a hit with a LoadOp (kvcache/blocks.py); the engine reads its state
-(`Space.fetch`: from RAM, or read and checked from disk) when it applies the op, and a state
-that cannot be read sends its sequence back to be planned again (engine/llama.py,
-Context.apply; the scheduler's `reopen`). The engine also looks for other processes' new files
+memory) and asks for a hit with a LoadOp (kvcache/blocks.py) that holds the state when RAM has it
+(`Space.in_ram`); otherwise the engine reads it as it applies the op (`Space.load`: the file,
+read and checked, or the snapshot that holds those tokens now if that one left the tiers since).
+A state that cannot be read sends its sequences back to be planned again (engine/llama.py,
+Context.apply; the scheduler's `reopen`). The engine also indexes other processes' new files
 before it plans (`Space.refresh`).
 
 Parts: files.py (the file format, its checks, and the file utilities: the only file I/O of the
