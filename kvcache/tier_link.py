@@ -10,8 +10,9 @@ change the holder's cells (`save_before`: the manager runs every op it queues th
 Loading: a new sequence whose prompt a snapshot holds further than the streams do, by enough to
 pay for loading it (`find`), gets it (a LoadOp into its own seq id, cut to whole blocks within
 max_reuse), and its blocks join the prefix cache as if computed. The snapshot is found in the
-space's index, in memory; the engine reads its state when it applies the op (kvcache/snapshots/
-package doc).
+space's index, in memory; the LoadOp holds its state when RAM has it, otherwise the engine reads
+it as it applies the op (`load_op`; kvcache/snapshots/ package doc), and a state that cannot be
+read then is unloaded (BlockManager.unload).
 """
 from __future__ import annotations
 
