@@ -124,9 +124,12 @@ def _ggml_cpu() -> ctypes.CDLL:
     lib.ggml_backend_is_cpu.restype = ctypes.c_bool
     lib.ggml_backend_cpu_set_use_ref.argtypes = [ctypes.c_void_p, ctypes.c_bool]
     lib.ggml_backend_cpu_set_use_ref.restype = None
-    if hasattr(lib, "ggml_backend_cpu_set_fa_row_invariant"):   # the build's patch (below)
+    if hasattr(lib, "ggml_backend_cpu_set_fa_row_invariant"):   # the build's patches (below)
         lib.ggml_backend_cpu_set_fa_row_invariant.argtypes = [ctypes.c_void_p, ctypes.c_bool]
         lib.ggml_backend_cpu_set_fa_row_invariant.restype = None
+    if hasattr(lib, "ggml_cpu_has_row_invariant_repack"):
+        lib.ggml_cpu_has_row_invariant_repack.argtypes = []
+        lib.ggml_cpu_has_row_invariant_repack.restype = ctypes.c_bool
     return lib
 
 
@@ -144,6 +147,16 @@ def has_row_invariant_attention() -> bool:
     """Was this llama.cpp built with the row-invariant flash-attention patch
     (scripts/patches/ggml-cpu-fa-row-invariant.patch, applied by `make setup`)?"""
     return hasattr(_ggml_cpu(), "ggml_backend_cpu_set_fa_row_invariant")
+
+
+def has_row_invariant_repack() -> bool:
+    """Was it also built with the row-invariant repacked matmul
+    (scripts/patches/ggml-cpu-repack-row-invariant.patch): under the same switch (named for
+    flash attention, where it came first), weights in llama.cpp's repacked layouts are
+    multiplied row by row, one kernel whatever the batch?"""
+    lib = _ggml_cpu()
+    return (has_row_invariant_attention() and hasattr(lib, "ggml_cpu_has_row_invariant_repack")
+            and bool(lib.ggml_cpu_has_row_invariant_repack()))
 
 
 _claimed_backends: set[int] = set()   # the CPU backends of this process's live Contexts
@@ -222,9 +235,12 @@ class Model:
 
     def __init__(self, path: str | Path, n_gpu_layers: int | None = None, repack: bool = False):
         """`repack`: let llama.cpp copy weights into its repacked CPU layouts (Q4_0, Q4_K,
-        IQ4_NL, ... on this CPU). Off by default: repacked weights are multiplied by one kernel
-        below 4 rows of input and by another from 4 up, so a sequence's logits would depend on
-        how many others decode beside it (docs/prefix-cache.md, "Weight layouts")."""
+        IQ4_NL, ... on this CPU), whose one-row kernel decodes faster and whose prompts are
+        slower than the plain layouts' tiled kernel. ggml's own rule takes a 4-row kernel from
+        4 rows of input up, so a sequence's logits would depend on how many others decode
+        beside it; this build's patch keeps the one-row kernel for every row under the
+        row-invariant switch (has_row_invariant_repack), which the context turns on
+        (docs/prefix-cache.md, "Weight layouts")."""
         init_backend()
         self.path = Path(path)
         if not self.path.is_file():
@@ -436,19 +452,23 @@ class Context:
             raise RuntimeError(f"llama.cpp could not create a context ({config})")
         self.cpu_backend: int | None = None
         self.attention: Attention | None = None   # the flash-attention path, when it is on
-        if config.flash_attn:
+        # repacked weights need the backend's row-invariant switch as flash attention does
+        if config.flash_attn or (model.repack and has_row_invariant_repack()):
             try:
                 found = use_exact_attention(self.ptr)
                 if found is None:
                     raise LookupError("not found in the context")
             except Exception as exc:   # also: the library or /proc/self/maps could not be read
                 C.llama_free(self.ptr)
-                raise RuntimeError(f"flash attention: this llama.cpp's CPU backend could not be "
-                                   f"put on its exact path ({exc}); turn flash attention off "
-                                   "(PAGEDLLAMA_FLASH_ATTN=0)") from exc
-            self.cpu_backend, self.attention = found
-            if self.attention is Attention.REFERENCE:
-                _warn_reference_path()
+                raise RuntimeError(
+                    f"this llama.cpp's CPU backend could not be put on its exact path ({exc}); "
+                    "turn flash attention and repacking off (PAGEDLLAMA_FLASH_ATTN=0, "
+                    "PAGEDLLAMA_REPACK_WEIGHTS=0)") from exc
+            self.cpu_backend, path = found
+            if config.flash_attn:
+                self.attention = path
+                if path is Attention.REFERENCE:
+                    _warn_reference_path()
         self.n_ctx = C.llama_n_ctx(self.ptr)
         self.n_ctx_seq = C.llama_n_ctx_seq(self.ptr)
         self.mem = C.llama_get_memory(self.ptr)
