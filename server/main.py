@@ -18,6 +18,7 @@ from server.api import (
     models,
     native,
     observability,
+    ollama,
     responses,
     router_info,
 )
@@ -126,6 +127,7 @@ app.include_router(embeddings.router, dependencies=[Depends(require_api_key)])
 app.include_router(batches.router, dependencies=[Depends(require_api_key)])
 app.include_router(models.router, dependencies=[Depends(require_api_key)])
 app.include_router(native.router, dependencies=[Depends(require_api_key)])
+app.include_router(ollama.router, dependencies=[Depends(require_api_key)])
 app.include_router(native.public)
 app.include_router(observability.router)
 app.include_router(router_info.router)   # what sglang-router probes on its workers

@@ -512,4 +512,5 @@ def test_context_editing_clears_old_tool_results_and_says_so(server_url):
 
 def test_the_base_url_answers_a_probe(server_url):
     assert httpx.head(f"{server_url}/", timeout=10).status_code == 200
-    assert httpx.get(f"{server_url}/", timeout=10).json()["status"] == "ok"
+    assert httpx.get(f"{server_url}/", headers={"accept": "application/json"},
+                     timeout=10).json()["status"] == "ok"

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from fastapi import APIRouter
 from fastapi import Request as HTTPRequest
-from fastapi.responses import FileResponse, JSONResponse, Response
+from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from server.http.openapi import NOT_READY
@@ -55,8 +55,11 @@ async def dashboard():
 
 
 @router.api_route("/", methods=["GET", "HEAD"], include_in_schema=False)
-async def root() -> dict:
+async def root(http: HTTPRequest):
     """What a client probing the base URL gets (Claude Code sends `HEAD /` before its first
-    request): 200, with where to look next."""
-    return {"name": "pagedllama", "status": "ok", "health": "/health", "models": "/v1/models",
-            "docs": "/docs"}
+    request): 200; "Ollama is running" as Ollama answers (clients that find an Ollama server
+    this way), or with `Accept: application/json` where to look next."""
+    if "application/json" in http.headers.get("accept", ""):
+        return {"name": "pagedllama", "status": "ok", "health": "/health",
+                "models": "/v1/models", "docs": "/docs"}
+    return PlainTextResponse("Ollama is running")

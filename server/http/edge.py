@@ -23,7 +23,7 @@ import asyncio
 import hmac
 import json
 
-from server.http.errors import anthropic_error, error_body, is_anthropic
+from server.http.errors import anthropic_error, error_body, is_anthropic, is_ollama, ollama_error
 from server.http.limits import EdgeLimits
 
 OBSERVABILITY = ("/metrics", "/stats", "/dashboard", "/docs", "/docs/oauth2-redirect", "/redoc",
@@ -31,15 +31,15 @@ OBSERVABILITY = ("/metrics", "/stats", "/dashboard", "/docs", "/docs/oauth2-redi
 
 
 # Outside /v1/: the other routes behind PAGEDLLAMA_API_KEY (native generation, llama-server's
-# tokenizer routes, loading and unloading models: /models/...). /health and the router probes
-# (server/api/router_info.py) are not API routes: open, never refused while draining (a load
-# balancer reads /health's "draining").
+# tokenizer routes, loading and unloading models: /models/..., Ollama's /api/...). /health and
+# the router probes (server/api/router_info.py) are not API routes: open, never refused while
+# draining (a load balancer reads /health's "draining").
 NATIVE_API = frozenset({"/generate_stream", "/tokenize", "/detokenize"})
 
 
 def is_api(path: str) -> bool:
     """Routes that need the API key, are refused while draining, and are counted by the drain."""
-    return path.startswith(("/v1/", "/models/")) or path in NATIVE_API
+    return path.startswith(("/v1/", "/models/", "/api/")) or path in NATIVE_API
 
 
 def needs_key(path: str, key: str | None, limits: EdgeLimits) -> bool:
@@ -120,6 +120,8 @@ async def respond(send, status: int, message: str, code: str, headers: dict | No
                   path: str = "") -> None:
     if is_anthropic(path):
         status, body = anthropic_error(status, message)
+    elif is_ollama(path):
+        body = ollama_error(message)
     else:
         body = error_body(status, message, code)
     payload = json.dumps(body).encode()

@@ -1,9 +1,10 @@
 """Errors in the shape of the API a route serves, with the right status: OpenAI's
 `{"error": {"message", "type", "param", "code"}}` everywhere, except on Anthropic's routes
 (/v1/messages…), where an error is `{"type": "error", "error": {"type", "message"}}` with
-Anthropic's status for its type. The shape is chosen from the request's path, so an error
-raised anywhere (a route, the service, the edge, a validation error, an unknown route) comes out
-in the shape its client reads."""
+Anthropic's status for its type, and on Ollama's (/api/…), where it is `{"error": "..."}`.
+The shape is chosen from the request's path, so an error raised anywhere (a route, the
+service, the edge, a validation error, an unknown route) comes out in the shape its client
+reads."""
 from __future__ import annotations
 
 import json
@@ -44,6 +45,24 @@ class AnthropicErrorResponse(BaseModel):
     error: AnthropicErrorDetail
 
 
+class OllamaErrorResponse(BaseModel):
+    """An error on Ollama's routes (/api/...), in its shape."""
+    error: str
+
+
+def is_ollama(path: str) -> bool:
+    """Whether a path is one of Ollama's routes (errors as `{"error": "..."}`)."""
+    return path.startswith("/api/")
+
+
+def ollama_error(message: str, param: str | None = None) -> dict:
+    """Ollama's body for one of our errors: the message (naming the field at fault)."""
+    message = printable(message)
+    if param and param not in message:
+        message = f"{printable(param)}: {message}"
+    return {"error": message}
+
+
 def is_anthropic(path: str) -> bool:
     """Whether a path is one of Anthropic's routes (errors in its shape)."""
     return path == "/v1/messages" or path.startswith("/v1/messages/")
@@ -75,6 +94,8 @@ def error_response(status: int, message: str, code: str | None = None, param: st
     if is_anthropic(path):
         status, body = anthropic_error(status, message, param)
         return JSONResponse(body, status_code=status, headers=headers)
+    if is_ollama(path):
+        return JSONResponse(ollama_error(message, param), status_code=status, headers=headers)
     return JSONResponse(error_body(status, message, code, param), status_code=status,
                         headers=headers)
 

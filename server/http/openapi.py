@@ -7,7 +7,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
 from server.http.edge import OBSERVABILITY, is_api
-from server.http.errors import AnthropicErrorResponse, ErrorResponse
+from server.http.errors import AnthropicErrorResponse, ErrorResponse, OllamaErrorResponse
 
 
 def sse(event: dict, data: str) -> dict:
@@ -39,6 +39,14 @@ ERROR_RESPONSES = {status: {"model": ErrorResponse, "description": text}
 ANTHROPIC_ERRORS = {(529 if s == 503 else s): text for s, text in ERRORS.items()}
 ANTHROPIC_ERROR_RESPONSES = {status: {"model": AnthropicErrorResponse, "description": text}
                              for status, text in ANTHROPIC_ERRORS.items()}
+OLLAMA_ERROR_RESPONSES = {status: {"model": OllamaErrorResponse, "description": text}
+                          for status, text in ERRORS.items()}
+NDJSON_STREAMED = {200: {
+    "description": "Streamed (the default, `stream` absent or true): NDJSON, one object a line, "
+                   "the last with `done: true`, `done_reason` and the statistics (or an "
+                   "`{\"error\": ...}` line); with `stream: false` one JSON object",
+    "content": {"application/x-ndjson": {"schema": {"type": "object"}},
+                "application/json": {"schema": {"type": "object"}}}}}
 MESSAGES_STREAMED = {200: {
     "description": "A message, or with `stream: true` an SSE stream of Anthropic's events "
                    "(`message_start` … `message_stop`, or a final `error`)",

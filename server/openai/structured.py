@@ -58,6 +58,12 @@ def grammar_for(body: SamplingFields, model) -> str | None:
     return _checked(model, grammar, name)
 
 
+def schema_grammar(schema: Any, model, param: str) -> str:
+    """The grammar of a JSON schema, checked against the model's vocabulary (400s naming
+    `param`): Ollama's `format`."""
+    return _checked(model, compile_schema(schema, param), param)
+
+
 def text_format_grammar(fmt: Any, model) -> str | None:
     """The grammar for /v1/responses' `text.format`, or None for plain text. The Responses shape:
     `{"type": "json_schema", "name", "schema", "strict", "description"}`, no nested object."""

@@ -75,6 +75,8 @@ class Collected:
     usage: Usage = Usage()
     stop_string: str | None = None
     context_full: bool = False
+    ttft_s: float | None = None      # as its Final's
+    total_s: float | None = None
 
 
 def error_status(event: Event) -> tuple[int, str]:
@@ -175,6 +177,7 @@ class Generation:
             if isinstance(event, Final):
                 c.usage, c.stop_string = event.usage, event.stop_string
                 c.context_full = event.context_full
+                c.ttft_s, c.total_s = event.ttft_s, event.total_s
         if any(c.finish_reason is None for c in out.values()):   # client went away
             raise APIError(499, "client disconnected", "client_disconnected")
         for i, c in out.items():

@@ -119,7 +119,8 @@ def reaches(path: Path, prefixes: set[str]) -> set[str]:
 
 MODELS_AND_GENERATION = {"engine", "scheduler", "kvcache", "llama_cpp", "server.service",
                          "server.batch"}
-API_MODULES = {"server.api", "server.openai", "server.anthropic", "server.chat"}
+API_MODULES = {"server.api", "server.openai", "server.anthropic", "server.ollama",
+               "server.chat"}
 
 
 def test_the_http_edge_pulls_in_no_model_generation_or_api_module_indirectly():
@@ -143,7 +144,8 @@ def test_the_service_speaks_no_http_even_indirectly():
 
 
 def test_no_answer_shape_or_route_reads_the_engines_request():
-    shapes = files_of("server/openai", "server/anthropic", "server/api", "server/chat")
+    shapes = files_of("server/openai", "server/anthropic", "server/ollama", "server/api",
+                      "server/chat")
     assert shapes
     for p in shapes:
         for node in ast.walk(ast.parse(p.read_text(), str(p))):

@@ -1,0 +1,117 @@
+"""Ollama's request bodies, checked strictly: a wrong type, an unknown field or a value not
+served is a 400 in Ollama's shape (`{"error": "..."}`), naming the field. `stream` absent means
+streamed, as in Ollama."""
+from __future__ import annotations
+
+from typing import Any, ClassVar, Literal
+
+from pydantic import ConfigDict, Field
+
+from server.ollama.options import Bool, Options
+from server.openai.bodies import Body, KeepAlive
+from server.sampling import Int
+
+
+class OllamaBody(Body):
+    model_config = ConfigDict(extra="forbid")
+    EXTRAS: ClassVar[dict[str, dict]] = {}
+
+
+class Function(OllamaBody):
+    model_config = ConfigDict(extra="forbid")
+    name: str
+    arguments: dict[str, Any] | str = Field(default_factory=dict)
+    index: Int | None = None
+    description: str | None = None
+
+
+class ToolCall(OllamaBody):
+    function: Function
+    id: str | None = None
+    type: Literal["function"] | None = None
+
+
+class Message(OllamaBody):
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str | None = ""
+    images: list[str] | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_name: str | None = None
+    tool_call_id: str | None = None
+    thinking: str | None = None
+
+
+Format = Literal["", "json"] | dict[str, Any] | None
+Think = Bool | Literal["high", "medium", "low"] | None
+
+
+class Generating(OllamaBody):
+    """What /api/chat and /api/generate share."""
+    model: str
+    format: Format = None
+    options: Options | None = None
+    stream: Bool | None = None       # absent: streamed
+    keep_alive: KeepAlive = None
+    think: Think = None
+    logprobs: Bool | None = None
+    top_logprobs: Int | None = None
+    truncate: Bool | None = None
+    shift: Bool | None = None
+
+    @property
+    def streamed(self) -> bool:
+        return self.stream is not False
+
+
+class ChatRequest(Generating):
+    messages: list[Message] = Field(default_factory=list)
+    tools: list[dict[str, Any]] | None = None
+
+
+class GenerateRequest(Generating):
+    prompt: str | None = ""
+    suffix: str | None = None
+    system: str | None = None
+    template: str | None = None
+    context: list[Int] | None = None
+    raw: Bool | None = None
+    images: list[str] | None = None
+
+
+class EmbedRequest(OllamaBody):
+    model: str
+    input: str | list[str]
+    truncate: Bool | None = None
+    options: Options | None = None
+    keep_alive: KeepAlive = None
+    dimensions: Int | None = Field(None, ge=1)
+
+
+class EmbeddingsRequest(OllamaBody):
+    """The older /api/embeddings: one `prompt`, one `embedding`."""
+    model: str
+    prompt: str
+    options: Options | None = None
+    keep_alive: KeepAlive = None
+
+
+class ShowRequest(OllamaBody):
+    model: str | None = None
+    name: str | None = None       # the older clients' field
+    verbose: Bool | None = None
+    system: str | None = None
+    template: str | None = None
+    options: dict[str, Any] | None = None
+
+
+class CopyRequest(OllamaBody):
+    source: str
+    destination: str
+
+
+class NameRequest(OllamaBody):
+    """The bodies of /api/pull, /api/push, /api/create, /api/delete: only their model's name
+    matters to the answer (models are not added or removed through this API here)."""
+    model_config = ConfigDict(extra="allow")
+    model: str | None = None
+    name: str | None = None
