@@ -73,6 +73,21 @@ def test_a_lone_surrogate_is_a_400_naming_where_it_is(server_url, case):
     assert "surrogate" in err["message"]
 
 
+OLLAMA_BODIES = {
+    "/api/chat": {"model": M, "stream": False, "messages": [{"role": "user", "content": LONE}]},
+    "/api/generate": {"model": M, "prompt": LONE, "options": {"num_predict": 2}},
+    "/api/embed": {"model": M, "input": ["ok", LONE]},
+}
+
+
+@pytest.mark.parametrize("path", list(OLLAMA_BODIES))
+def test_a_lone_surrogate_on_ollamas_routes_is_a_400_in_its_shape(server_url, path):
+    err = error(post(server_url, path, OLLAMA_BODIES[path]), 400)
+    assert isinstance(err, str) and "surrogate" in err
+    in_the_name = {**OLLAMA_BODIES[path], "model": "no-such-\ud800"}
+    assert "model: " in error(post(server_url, path, in_the_name), 400)   # named, encodable
+
+
 def test_a_model_id_that_is_not_utf8_is_a_404_that_still_encodes(server_url):
     resp = httpx.get(f"{server_url}/v1/models/no-such-%ED%A0%80", timeout=10)
     assert error(resp, 404)["code"] == "model_not_found"

@@ -26,14 +26,14 @@ from server.http.openapi import NDJSON_STREAMED, OLLAMA_ERROR_RESPONSES
 from server.http.sse import json_data
 from server.ollama import options as opts
 from server.ollama.bodies import (
-    ChatRequest,
-    CopyRequest,
-    EmbeddingsRequest,
-    EmbedRequest,
-    GenerateRequest,
     Generating,
-    NameRequest,
-    ShowRequest,
+    OllamaChatRequest,
+    OllamaCopyRequest,
+    OllamaEmbeddingsRequest,
+    OllamaEmbedRequest,
+    OllamaGenerateRequest,
+    OllamaNameRequest,
+    OllamaShowRequest,
 )
 from server.ollama.shape import (
     API_VERSION,
@@ -172,7 +172,7 @@ async def _lifecycle(svc: Service, body: Generating, client: Client, chat: bool)
 
 
 @router.post("/chat", responses=NDJSON_STREAMED | PINNED)
-async def chat(body: ChatRequest, http: HTTPRequest):
+async def chat(body: OllamaChatRequest, http: HTTPRequest):
     """A chat turn: `messages` (with `tool_calls`, `thinking`, tool results), `tools`,
     `format`, `options`, `think`, `keep_alive`. No messages: loads (or unloads) the model."""
     timing, svc, client = Timing(), _service(http), HTTPClient(http)
@@ -195,7 +195,7 @@ async def chat(body: ChatRequest, http: HTTPRequest):
 
 
 @router.post("/generate", responses=NDJSON_STREAMED | PINNED)
-async def generate(body: GenerateRequest, http: HTTPRequest):
+async def generate(body: OllamaGenerateRequest, http: HTTPRequest):
     """A completion of `prompt`: through the model's chat template as a user message (after
     `system`), or as it is with `raw: true`. No prompt: loads (or unloads) the model."""
     timing, svc, client = Timing(), _service(http), HTTPClient(http)
@@ -293,7 +293,7 @@ async def _embed(svc: Service, name: str, inputs, keep_alive: float | None,
 
 
 @router.post("/embed")
-async def embed(body: EmbedRequest, http: HTTPRequest) -> dict:
+async def embed(body: OllamaEmbedRequest, http: HTTPRequest) -> dict:
     """L2-normalized vectors of `input` (a string or a list); an input longer than the
     embedding context is a 400 whatever `truncate` says (never cut silently)."""
     opts.check(body.options)
@@ -306,7 +306,7 @@ async def embed(body: EmbedRequest, http: HTTPRequest) -> dict:
 
 
 @router.post("/embeddings")
-async def embeddings_legacy(body: EmbeddingsRequest, http: HTTPRequest) -> dict:
+async def embeddings_legacy(body: OllamaEmbeddingsRequest, http: HTTPRequest) -> dict:
     """The older route: one `prompt`, one `embedding`."""
     opts.check(body.options)
     answer, _ = await _embed(_service(http), body.model, body.prompt, body.keep_alive, None,
@@ -338,7 +338,7 @@ async def ps(http: HTTPRequest) -> dict:
 
 
 @router.post("/show")
-async def show(body: ShowRequest, http: HTTPRequest) -> dict:
+async def show(body: OllamaShowRequest, http: HTTPRequest) -> dict:
     """A model's details, its GGUF header's metadata (`model_info`), its chat template, its
     default parameters and what it can do."""
     name = body.model or body.name
@@ -368,7 +368,7 @@ async def version() -> dict:
 
 
 @router.post("/pull", responses=NDJSON_STREAMED)
-async def pull(body: NameRequest, http: HTTPRequest):
+async def pull(body: OllamaNameRequest, http: HTTPRequest):
     """A catalogued model is here already: success. Any other: how models are added."""
     name = body.model or body.name or ""
     try:
@@ -380,24 +380,24 @@ async def pull(body: NameRequest, http: HTTPRequest):
 
 
 @router.post("/push")
-async def push(body: NameRequest) -> dict:
+async def push(body: OllamaNameRequest) -> dict:
     raise APIError(400, HOW_MODELS_ARE_ADDED, "unsupported")
 
 
 @router.post("/create")
-async def create(body: NameRequest) -> dict:
+async def create(body: OllamaNameRequest) -> dict:
     raise APIError(400, HOW_MODELS_ARE_ADDED, "unsupported")
 
 
 @router.post("/copy")
-async def copy(body: CopyRequest, http: HTTPRequest) -> dict:
+async def copy(body: OllamaCopyRequest, http: HTTPRequest) -> dict:
     _entry(_service(http), body.source)
     raise APIError(400, f"a model's name here is its file's name (or the name a models file "
                    f"gives it): {HOW_MODELS_ARE_ADDED}", "unsupported")
 
 
 @router.delete("/delete")
-async def delete(body: NameRequest, http: HTTPRequest) -> dict:
+async def delete(body: OllamaNameRequest, http: HTTPRequest) -> dict:
     _entry(_service(http), body.model or body.name or "")
     raise APIError(400, "models are removed here by removing their file from the models folder "
                    "or the models file (then restart); to unload one now, send keep_alive: 0 "

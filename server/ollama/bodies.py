@@ -7,7 +7,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import ConfigDict, Field
 
-from server.ollama.options import Bool, Options
+from server.ollama.options import Bool, OllamaOptions
 from server.openai.bodies import Body, KeepAlive
 from server.sampling import Int
 
@@ -17,7 +17,7 @@ class OllamaBody(Body):
     EXTRAS: ClassVar[dict[str, dict]] = {}
 
 
-class Function(OllamaBody):
+class OllamaFunction(OllamaBody):
     model_config = ConfigDict(extra="forbid")
     name: str
     arguments: dict[str, Any] | str = Field(default_factory=dict)
@@ -25,17 +25,17 @@ class Function(OllamaBody):
     description: str | None = None
 
 
-class ToolCall(OllamaBody):
-    function: Function
+class OllamaToolCall(OllamaBody):
+    function: OllamaFunction
     id: str | None = None
     type: Literal["function"] | None = None
 
 
-class Message(OllamaBody):
+class OllamaMessage(OllamaBody):
     role: Literal["system", "user", "assistant", "tool"]
     content: str | None = ""
     images: list[str] | None = None
-    tool_calls: list[ToolCall] | None = None
+    tool_calls: list[OllamaToolCall] | None = None
     tool_name: str | None = None
     tool_call_id: str | None = None
     thinking: str | None = None
@@ -49,7 +49,7 @@ class Generating(OllamaBody):
     """What /api/chat and /api/generate share."""
     model: str
     format: Format = None
-    options: Options | None = None
+    options: OllamaOptions | None = None
     stream: Bool | None = None       # absent: streamed
     keep_alive: KeepAlive = None
     think: Think = None
@@ -63,12 +63,12 @@ class Generating(OllamaBody):
         return self.stream is not False
 
 
-class ChatRequest(Generating):
-    messages: list[Message] = Field(default_factory=list)
+class OllamaChatRequest(Generating):
+    messages: list[OllamaMessage] = Field(default_factory=list)
     tools: list[dict[str, Any]] | None = None
 
 
-class GenerateRequest(Generating):
+class OllamaGenerateRequest(Generating):
     prompt: str | None = ""
     suffix: str | None = None
     system: str | None = None
@@ -78,24 +78,24 @@ class GenerateRequest(Generating):
     images: list[str] | None = None
 
 
-class EmbedRequest(OllamaBody):
+class OllamaEmbedRequest(OllamaBody):
     model: str
     input: str | list[str]
     truncate: Bool | None = None
-    options: Options | None = None
+    options: OllamaOptions | None = None
     keep_alive: KeepAlive = None
     dimensions: Int | None = Field(None, ge=1)
 
 
-class EmbeddingsRequest(OllamaBody):
+class OllamaEmbeddingsRequest(OllamaBody):
     """The older /api/embeddings: one `prompt`, one `embedding`."""
     model: str
     prompt: str
-    options: Options | None = None
+    options: OllamaOptions | None = None
     keep_alive: KeepAlive = None
 
 
-class ShowRequest(OllamaBody):
+class OllamaShowRequest(OllamaBody):
     model: str | None = None
     name: str | None = None       # the older clients' field
     verbose: Bool | None = None
@@ -104,12 +104,12 @@ class ShowRequest(OllamaBody):
     options: dict[str, Any] | None = None
 
 
-class CopyRequest(OllamaBody):
+class OllamaCopyRequest(OllamaBody):
     source: str
     destination: str
 
 
-class NameRequest(OllamaBody):
+class OllamaNameRequest(OllamaBody):
     """The bodies of /api/pull, /api/push, /api/create, /api/delete: only their model's name
     matters to the answer (models are not added or removed through this API here)."""
     model_config = ConfigDict(extra="allow")

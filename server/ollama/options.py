@@ -24,7 +24,7 @@ PENALTY_WINDOW = 64   # the tokens the engine's penalties look back over (Sampli
 NEUTRAL = {"mirostat": 0, "typical_p": 1.0, "tfs_z": 1.0}
 
 
-class Options(BaseModel):
+class OllamaOptions(BaseModel):
     """Ollama's `options` (its Modelfile parameters): the ones served, the neutral ones, and
     the ones about how a model runs, which change no answer."""
     model_config = ConfigDict(extra="forbid")
@@ -69,7 +69,7 @@ def refused(name: str, why: str) -> APIError:
     return APIError(400, f"options.{name}: {why}", "unsupported_parameter", f"options.{name}")
 
 
-def check(options: Options | None) -> None:
+def check(options: OllamaOptions | None) -> None:
     """A 400 for an option at a value this server would not honour."""
     if options is None:
         return
@@ -92,23 +92,23 @@ def check(options: Options | None) -> None:
                       "Ollama's default) is served with a penalty")
 
 
-def sampling(options: Options | None) -> Sampling:
+def sampling(options: OllamaOptions | None) -> Sampling:
     """The sampling values the service takes: each option's, else None (the model's default
     from a models file, else the engine's)."""
-    o = options or Options()
+    o = options or OllamaOptions()
     return Sampling(temperature=o.temperature, top_k=o.top_k, top_p=o.top_p, min_p=o.min_p,
                     seed=o.seed, stop=tuple(o.stop or ()), repetition_penalty=o.repeat_penalty,
                     presence_penalty=o.presence_penalty, frequency_penalty=o.frequency_penalty)
 
 
-def max_tokens(options: Options | None) -> int | None:
+def max_tokens(options: OllamaOptions | None) -> int | None:
     """`num_predict`: a limit, or None (-1: no limit, -2: until the context is full; both end
     with the context here)."""
     n = options.num_predict if options is not None else None
     return None if n is None or n < 0 else n
 
 
-def within_context(options: Options | None, prompt_tokens: int, limit: int | None,
+def within_context(options: OllamaOptions | None, prompt_tokens: int, limit: int | None,
                    context: int) -> int | None:
     """The token limit once the prompt is known: `num_ctx` (capped to the model's context
     `context`) bounds the prompt and its answer; a prompt that leaves no room in it is a 400."""

@@ -14,7 +14,7 @@ from typing import Any
 from server.chat.answer import Reasoning
 from server.chat.tool_calls import ToolCall
 from server.errors import APIError
-from server.ollama.bodies import Message
+from server.ollama.bodies import OllamaMessage
 from server.service.generation import Usage
 
 LATEST = ":latest"
@@ -125,7 +125,7 @@ def parameters_text(defaults: dict, stops: list[str]) -> str:
 
 
 # ---- messages in -------------------------------------------------------------------------------
-def to_chat(messages: list[Message]) -> list[dict]:
+def to_chat(messages: list[OllamaMessage]) -> list[dict]:
     """Ollama's messages as chat messages (OpenAI's shape, which server/chat/ and the templates
     read): an assistant's `tool_calls` with their arguments as JSON text and ids, its
     `thinking` as `reasoning_content`, a tool's result with the call it answers."""
