@@ -11,7 +11,7 @@ import ollama
 import pytest
 from pydantic import BaseModel
 
-from tests.server_proc import SMOLLM2, SMOLLM2_NAME, running_server
+from tests.server_proc import SMOLLM2, SMOLLM2_NAME, server_process
 
 M = SMOLLM2_NAME
 TAGGED = M + ":latest"
@@ -24,13 +24,18 @@ WEATHER = {"type": "function", "function": {
 
 
 @pytest.fixture(scope="module")
-def base(tmp_path_factory):
+def server(tmp_path_factory):
     folder = tmp_path_factory.mktemp("ollama-models")
     (folder / SMOLLM2.name).symlink_to(SMOLLM2)
     env = {"PAGEDLLAMA_MODELS_DIR": str(folder), "PAGEDLLAMA_N_CTX": "1024",
            "PAGEDLLAMA_MAX_SEQS": "4", "PAGEDLLAMA_THREADS": "2"}
-    with running_server(env) as url:
-        yield url
+    with server_process(env) as proc:
+        yield proc
+
+
+@pytest.fixture(scope="module")
+def base(server):
+    return server.base
 
 
 @pytest.fixture(scope="module")
@@ -90,6 +95,23 @@ def test_stream_absent_means_ndjson_lines(base):
         lines = [json.loads(line) for line in resp.iter_lines() if line]
     assert lines[-1]["done"] is True and lines[-1]["eval_count"] == 4
     assert all(not line["done"] for line in lines[:-1])
+
+
+def test_a_stream_left_early_is_cancelled_in_the_engine(server, base):
+    count = [{"role": "user", "content": "Count from 1 to 1000, separated by commas."}]
+    body = {"model": M, "messages": count, "options": {"num_predict": 500, "temperature": 0}}
+    with httpx.stream("POST", f"{base}/api/chat", json=body, timeout=60) as resp:
+        lines = resp.iter_lines()
+        assert not json.loads(next(lines))["done"] and not json.loads(next(lines))["done"]
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        models = httpx.get(f"{base}/health", timeout=10).json()["models"].values()
+        contexts = [c for m in models for c in m.get("contexts", [])]
+        if all(c["outstanding"] == 0 and c["running"] == 0 for c in contexts):
+            break
+        time.sleep(0.1)
+    assert contexts and all(c["outstanding"] == 0 and c["running"] == 0 for c in contexts)
+    assert " disconnected model=" in server.log()   # cancelled, not run to its end
 
 
 def test_raw_generate_and_system(base, client):
