@@ -181,13 +181,15 @@ async def chat(body: OllamaChatRequest, http: HTTPRequest):
     if not messages:
         return await _lifecycle(svc, body, client, chat=True)
     lm = await _load(svc, body, client, timing)
+    if lm.template is None:
+        raise APIError(400, f'"{body.model}" has no chat template in its GGUF file: use '
+                       "/api/generate with a prompt (read as it is)", "no_chat_template")
     no_thinking = _no_thinking(body, lm)
     use = parse_tools(body.tools, None, True) if body.tools else None
     grammar = _grammar(body, lm)
     limit = opts.max_tokens(body.options)
     prompt = await svc.chat_prompt(lm, messages, limit, client, use=use, no_thinking=no_thinking)
-    mode = None if no_thinking or lm.template is None else thinking_mode(
-        lm.template.thinks, prompt.opens_thinking)
+    mode = None if no_thinking else thinking_mode(lm.template.thinks, prompt.opens_thinking)
     gen = _submit(svc, lm, body, prompt, limit, constrain_after_thinking(grammar, mode), client,
                   "messages")
     answer = AnswerStream(use is not None and use.active, mode)

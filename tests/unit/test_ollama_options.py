@@ -8,7 +8,7 @@ import ollama
 import pytest
 from pydantic import ValidationError
 
-from server.chat.answer import AnswerStream
+from server.chat.answer import AnswerStream, Thinking
 from server.errors import APIError
 from server.ollama import options as opts
 from server.ollama.bodies import OllamaChatRequest, OllamaMessage
@@ -146,6 +146,19 @@ def test_a_call_in_the_answer_is_an_ollama_tool_call_with_object_arguments():
     assert parsed.done and parsed.done_reason == "stop"
     assert parsed.prompt_eval_count == 22 and parsed.eval_count == 12    # cached ones not
     assert parsed.prompt_eval_duration == 500_000_000 and parsed.eval_duration == 1_000_000_000
+
+
+def test_reasoning_comes_apart_as_thinking():
+    stream = AnswerStream(thinking=Thinking.OPEN)
+    shape = AnswerShape("m", chat=True)
+    first = shape.pieces(stream.push("The user greets me.</think>\n\nHel"))
+    last = ollama.ChatResponse.model_validate(shape.last(stream.push("lo") + stream.end(),
+                                                         "stop", {}))
+    assert first["message"]["thinking"] == "The user greets me."
+    assert first["message"]["content"] + last.message.content == "Hello"
+    generated = AnswerShape("m", chat=False).pieces(AnswerStream(thinking=Thinking.OPEN).push(
+        "Hmm.</think>Hi"))
+    assert (generated["thinking"], generated["response"]) == ("Hmm.", "Hi")
 
 
 def test_generate_objects_carry_the_response_and_a_length_finish():
