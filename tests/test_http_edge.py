@@ -199,7 +199,8 @@ def test_openapi_documents_400_errors_and_never_422(server_url):
     assert posts and all("422" not in op["responses"] for _, _, op in operations(schema))
     for path, op in posts:   # each route's errors in the shape of its API
         error = op["responses"]["400"]["content"]["application/json"]["schema"]
-        shape = "AnthropicErrorResponse" if path.startswith("/v1/messages") else "ErrorResponse"
+        shape = ("AnthropicErrorResponse" if path.startswith("/v1/messages") else
+                 "OllamaErrorResponse" if path.startswith("/api/") else "ErrorResponse")
         assert error == {"$ref": f"#/components/schemas/{shape}"}, path
     assert "HTTPValidationError" not in schema["components"]["schemas"]
 
@@ -208,6 +209,8 @@ def test_openapi_documents_event_streams(server_url):
     paths = httpx.get(f"{server_url}/openapi.json").json()["paths"]
     for path in ("/v1/chat/completions", "/v1/completions", "/generate_stream", "/v1/responses"):
         assert "text/event-stream" in paths[path]["post"]["responses"]["200"]["content"], path
+    for path in ("/api/chat", "/api/generate"):   # Ollama's: NDJSON
+        assert "application/x-ndjson" in paths[path]["post"]["responses"]["200"]["content"]
 
 
 def test_openapi_declares_the_bearer_scheme_only_where_a_key_is_required(server_url, key_server):
@@ -219,5 +222,13 @@ def test_openapi_declares_the_bearer_scheme_only_where_a_key_is_required(server_
     secured = {p for p, _, op in operations(keyed) if op.get("security")}
     assert {"/v1/chat/completions", "/v1/completions", "/v1/models", "/generate_stream",
             "/v1/responses", "/v1/embeddings", "/v1/models/{model_id}", "/tokenize",
-            "/detokenize"} <= secured
+            "/detokenize", "/api/chat", "/api/generate", "/api/tags", "/api/ps"} <= secured
     assert "/health" not in secured
+
+
+def test_ollamas_routes_need_the_key_and_refuse_in_ollamas_shape(key_server):
+    refused = httpx.post(f"{key_server}/api/chat", json={"model": "x", "messages": []})
+    assert refused.status_code == 401 and list(refused.json()) == ["error"]
+    listed = httpx.get(f"{key_server}/api/tags", headers={"authorization": f"Bearer {KEY}"})
+    assert listed.status_code == 200 and listed.json()["models"]
+    assert httpx.get(f"{key_server}/").text == "Ollama is running"   # the probe stays open
