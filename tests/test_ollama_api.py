@@ -211,7 +211,7 @@ def test_list_show_ps_and_version(base, client):
     assert httpx.head(f"{base}/").status_code == 200
 
 
-def test_pull_of_a_model_here_succeeds_and_push_explains(base, client):
+def test_pull_of_a_model_here_succeeds_and_the_others_explain(client):
     assert client.pull(M).status == "success"
     with pytest.raises(ollama.ResponseError) as err:
         client.pull("llama3.2")
@@ -219,6 +219,15 @@ def test_pull_of_a_model_here_succeeds_and_push_explains(base, client):
     with pytest.raises(ollama.ResponseError) as err:
         client.create(model="mine", from_=M)
     assert err.value.status_code == 400 and "models-on-demand" in err.value.error
+    with pytest.raises(ollama.ResponseError) as err:
+        client.delete(M)
+    assert err.value.status_code == 400 and "keep_alive: 0" in err.value.error
+    with pytest.raises(ollama.ResponseError) as err:
+        client.copy(M, "mine")
+    assert err.value.status_code == 400
+    with pytest.raises(ollama.ResponseError) as err:
+        client.delete("llama3.2")
+    assert err.value.status_code == 404
 
 
 # ---- errors ------------------------------------------------------------------------------------
