@@ -187,7 +187,7 @@ async def chat(body: OllamaChatRequest, http: HTTPRequest):
     no_thinking = _no_thinking(body, lm)
     use = parse_tools(body.tools, None, True) if body.tools else None
     grammar = _grammar(body, lm)
-    limit = opts.max_tokens(body.options)
+    limit = opts.max_tokens(body.options, body.num_predict)
     prompt = await svc.chat_prompt(lm, messages, limit, client, use=use, no_thinking=no_thinking)
     mode = None if no_thinking else thinking_mode(lm.template.thinks, prompt.opens_thinking)
     gen = _submit(svc, lm, body, prompt, limit, constrain_after_thinking(grammar, mode), client,
@@ -214,7 +214,7 @@ async def generate(body: OllamaGenerateRequest, http: HTTPRequest):
     lm = await _load(svc, body, client, timing)
     no_thinking = _no_thinking(body, lm)
     grammar = _grammar(body, lm)
-    limit = opts.max_tokens(body.options)
+    limit = opts.max_tokens(body.options, body.num_predict)
     mode = None
     if lm.template is not None and not body.raw:
         messages = ([{"role": "system", "content": body.system}] if body.system else [])

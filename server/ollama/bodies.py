@@ -29,6 +29,7 @@ class OllamaToolCall(OllamaBody):
     function: OllamaFunction
     id: str | None = None
     type: Literal["function"] | None = None
+    index: Int | None = None          # where Open WebUI writes it
 
 
 class OllamaMessage(OllamaBody):
@@ -57,6 +58,10 @@ class Generating(OllamaBody):
     top_logprobs: Int | None = None
     truncate: Bool | None = None
     shift: Bool | None = None
+    # Open WebUI's: labels (accepted and ignored), and the token limit it writes here when a
+    # chat asks for max_tokens (options.num_predict wins)
+    metadata: dict[str, Any] | None = None
+    num_predict: Int | None = Field(None, ge=-2)
 
     @property
     def streamed(self) -> bool:
@@ -88,9 +93,12 @@ class OllamaEmbedRequest(OllamaBody):
 
 
 class OllamaEmbeddingsRequest(OllamaBody):
-    """The older /api/embeddings: one `prompt`, one `embedding`."""
+    """The older /api/embeddings: one `prompt`, one `embedding`. `input` is accepted and, as
+    Ollama does on this route, not read (Open WebUI sends both, `prompt` its inputs joined)."""
     model: str
     prompt: str
+    input: str | list[str] | None = None
+    truncate: Bool | None = None
     options: OllamaOptions | None = None
     keep_alive: KeepAlive = None
 

@@ -101,10 +101,15 @@ def sampling(options: OllamaOptions | None) -> Sampling:
                     presence_penalty=o.presence_penalty, frequency_penalty=o.frequency_penalty)
 
 
-def max_tokens(options: OllamaOptions | None) -> int | None:
+def max_tokens(options: OllamaOptions | None, top_level: int | None = None) -> int | None:
     """`num_predict`: a limit, or None (-1: no limit, -2: until the context is full; both end
-    with the context here)."""
+    with the context here). `top_level`: a body's own `num_predict` (Open WebUI writes it
+    there), used when the options give none."""
     n = options.num_predict if options is not None else None
+    n = top_level if n is None else n
+    if n == 0:
+        raise APIError(400, "num_predict: 0 asks for no answer; give at least 1, or -1 (no "
+                       "limit)", "invalid_value", "num_predict")
     return None if n is None or n < 0 else n
 
 

@@ -11,7 +11,7 @@ from pydantic import ValidationError
 from server.chat.answer import AnswerStream, Thinking
 from server.errors import APIError
 from server.ollama import options as opts
-from server.ollama.bodies import OllamaChatRequest, OllamaMessage
+from server.ollama.bodies import OllamaChatRequest, OllamaEmbeddingsRequest, OllamaMessage
 from server.ollama.options import OllamaOptions
 from server.ollama.shape import (
     AnswerShape,
@@ -174,3 +174,30 @@ def test_a_model_kept_forever_never_expires_and_others_after_their_keep_alive():
     assert expires_at(-1, None) is None
     assert abs(expires_at(300, None) - (time.time() + 300)) < 1
     assert abs(expires_at(300, time.monotonic() - 100) - (time.time() + 200)) < 1
+
+
+# ---- what Open WebUI sends ---------------------------------------------------------------------
+def test_open_webuis_chat_body_is_read():
+    body = OllamaChatRequest.model_validate({
+        "model": "m", "stream": True, "metadata": {"chat_id": "c1", "message_id": "m1"},
+        "num_predict": 64, "options": {"temperature": 0.7, "num_gpu": 1, "use_mmap": True},
+        "messages": [
+            {"role": "user", "content": "Weather?"},
+            {"role": "assistant", "content": "", "tool_calls": [
+                {"index": 0, "id": "call_1", "function": {"name": "w", "arguments": {}}}]},
+            {"role": "tool", "content": "Sunny", "tool_call_id": "call_1"}]})
+    assert opts.max_tokens(body.options, body.num_predict) == 64
+    assert to_chat(body.messages)[2]["tool_call_id"] == "call_1"
+
+
+def test_options_num_predict_wins_over_the_bodys_own():
+    assert opts.max_tokens(OllamaOptions(num_predict=8), 64) == 8
+    assert opts.max_tokens(None, -1) is None
+    with pytest.raises(APIError):
+        opts.max_tokens(None, 0)
+
+
+def test_the_older_embeddings_route_takes_open_webuis_input_beside_the_prompt():
+    body = OllamaEmbeddingsRequest.model_validate({"model": "m", "prompt": "a\nb",
+                                                    "input": ["a", "b"], "truncate": True})
+    assert body.prompt == "a\nb"
