@@ -411,6 +411,16 @@ def test_a_worker_reports_its_thread_count_and_step_times(model):
         worker.stop()
 
 
+# text, not random token ids: measured, ggml's repacked 4-row kernel changed these prompts' next
+# logits, and those of random ids not at all
+SIXTEEN_TEXTS = (
+    "Once upon a time there was a farmer who", "The capital of France is a city that",
+    "def fibonacci(n):", "In 1905 Albert Einstein published", "My favourite recipe is",
+    "The stock market today", "Rain fell on the", "A good book is",
+    "Mountains rise above", "The recipe calls for", "Computers are", "In the year 2000",
+    "My dog likes", "The ocean is", "Music makes", "Winter is coming and")
+
+
 def next_logits_of_first(ctx, prompts, seqs):
     """Decode one token after each of these sequences' prompts in one batch; the first one's
     logits (a copy), then the token is removed again."""
@@ -445,12 +455,7 @@ def test_logits_do_not_depend_on_how_many_sequences_decode_beside(path, flash_at
     try:
         # text, not random token ids: measured, repacking changed the logits of these prompts'
         # next token by up to 1.1 from 4 rows up, and of random ids not at all
-        prompts = [m.tokenize(t) for t in (
-            "Once upon a time there was a farmer who", "The capital of France is a city that",
-            "def fibonacci(n):", "In 1905 Albert Einstein published", "My favourite recipe is",
-            "The stock market today", "Rain fell on the", "A good book is",
-            "Mountains rise above", "The recipe calls for", "Computers are", "In the year 2000",
-            "My dog likes", "The ocean is", "Music makes", "Winter is coming and")]
+        prompts = [m.tokenize(t) for t in SIXTEEN_TEXTS]
         for seq, toks in enumerate(prompts):
             assert ctx.decode([(seq, toks, 0, False)]) == 0
 
@@ -531,12 +536,7 @@ def test_repacked_weights_give_a_row_the_same_numbers_whatever_the_batch(path, f
                                    kv_unified=False, flash_attn=flash_attn))
     try:
         assert ctx.cpu_backend is not None   # the switch is on, flash attention or not
-        prompts = [m.tokenize(t) for t in (
-            "Once upon a time there was a farmer who", "The capital of France is a city that",
-            "def fibonacci(n):", "In 1905 Albert Einstein published", "My favourite recipe is",
-            "The stock market today", "Rain fell on the", "A good book is",
-            "Mountains rise above", "The recipe calls for", "Computers are", "In the year 2000",
-            "My dog likes", "The ocean is", "Music makes", "Winter is coming and")]
+        prompts = [m.tokenize(t) for t in SIXTEEN_TEXTS]
         for seq, toks in enumerate(prompts):
             assert ctx.decode([(seq, toks, 0, False)]) == 0
 
