@@ -127,9 +127,10 @@ def _ggml_cpu() -> ctypes.CDLL:
     if hasattr(lib, "ggml_backend_cpu_set_fa_row_invariant"):   # the build's patches (below)
         lib.ggml_backend_cpu_set_fa_row_invariant.argtypes = [ctypes.c_void_p, ctypes.c_bool]
         lib.ggml_backend_cpu_set_fa_row_invariant.restype = None
-    if hasattr(lib, "ggml_cpu_has_row_invariant_repack"):
-        lib.ggml_cpu_has_row_invariant_repack.argtypes = []
-        lib.ggml_cpu_has_row_invariant_repack.restype = ctypes.c_bool
+    for probe in ("ggml_cpu_has_row_invariant_repack", "ggml_cpu_has_row_invariant_tiled"):
+        if hasattr(lib, probe):
+            getattr(lib, probe).argtypes = []
+            getattr(lib, probe).restype = ctypes.c_bool
     return lib
 
 
@@ -157,6 +158,18 @@ def has_row_invariant_repack() -> bool:
     lib = _ggml_cpu()
     return (has_row_invariant_attention() and hasattr(lib, "ggml_cpu_has_row_invariant_repack")
             and bool(lib.ggml_cpu_has_row_invariant_repack()))
+
+
+def has_row_invariant_tiled() -> bool:
+    """And with the row-invariant K-quant matmul
+    (scripts/patches/ggml-cpu-tiled-row-invariant.patch): under the same switch, K-quant
+    weights in the plain layouts take ggml's tiled matmul for every batch, below 8 rows
+    through kernels that round as its tiles do, where ggml's own rule changes kernels at 8
+    rows and with them a row's numbers (from 1B-sized models on, most matrices are K-quants
+    of a width the tiles take)?"""
+    lib = _ggml_cpu()
+    return (has_row_invariant_attention() and hasattr(lib, "ggml_cpu_has_row_invariant_tiled")
+            and bool(lib.ggml_cpu_has_row_invariant_tiled()))
 
 
 _claimed_backends: set[int] = set()   # the CPU backends of this process's live Contexts
@@ -452,23 +465,30 @@ class Context:
             raise RuntimeError(f"llama.cpp could not create a context ({config})")
         self.cpu_backend: int | None = None
         self.attention: Attention | None = None   # the flash-attention path, when it is on
-        # repacked weights need the backend's row-invariant switch as flash attention does
-        if config.flash_attn or (model.repack and has_row_invariant_repack()):
+        # the backend's row-invariant switch: flash attention's and repacked weights' exact
+        # path, and the K-quant matmul's where this build has it (every CPU context then)
+        required = config.flash_attn or (model.repack and has_row_invariant_repack())
+        if required or (has_row_invariant_tiled() and not model.on_gpu):
             try:
                 found = use_exact_attention(self.ptr)
                 if found is None:
                     raise LookupError("not found in the context")
             except Exception as exc:   # also: the library or /proc/self/maps could not be read
-                C.llama_free(self.ptr)
-                raise RuntimeError(
-                    f"this llama.cpp's CPU backend could not be put on its exact path ({exc}); "
-                    "turn flash attention and repacking off (PAGEDLLAMA_FLASH_ATTN=0, "
-                    "PAGEDLLAMA_REPACK_WEIGHTS=0)") from exc
-            self.cpu_backend, path = found
-            if config.flash_attn:
-                self.attention = path
-                if path is Attention.REFERENCE:
-                    _warn_reference_path()
+                if required:
+                    C.llama_free(self.ptr)
+                    raise RuntimeError(
+                        f"this llama.cpp's CPU backend could not be put on its exact path ({exc}); "
+                        "turn flash attention and repacking off (PAGEDLLAMA_FLASH_ATTN=0, "
+                        "PAGEDLLAMA_REPACK_WEIGHTS=0)") from exc
+                log.warning("the CPU backend's row-invariant switch could not be turned on (%s): "
+                            "K-quant weights round otherwise from 8 rows of input up", exc)
+                found = None
+            if found is not None:
+                self.cpu_backend, path = found
+                if config.flash_attn:
+                    self.attention = path
+                    if path is Attention.REFERENCE:
+                        _warn_reference_path()
         self.n_ctx = C.llama_n_ctx(self.ptr)
         self.n_ctx_seq = C.llama_n_ctx_seq(self.ptr)
         self.mem = C.llama_get_memory(self.ptr)

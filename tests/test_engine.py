@@ -544,10 +544,9 @@ def test_repacked_weights_give_a_row_the_same_numbers_whatever_the_batch(path, f
             ctx.set_threads(threads)
             return next_logits_of_first(ctx, prompts, seqs)
         alone = logits([0])
-        # from 8 rows the 1B shape's plain Q6_K tensors take ggml's tiled matmul, which is not
-        # row-invariant at its sizes (test_a_1b_shape_row_changes_beside_7_or_more_others)
-        sizes = (2, 4, 6, 16) if path == GEMMA3 else (2, 4, 6)
-        cases = {f"beside {k - 1}": logits(list(range(k))) for k in sizes}
+        # from 8 rows the 1B shape's Q6_K tensors (not repacked) take ggml's tiled matmul,
+        # kept exact by the tiled patch (test_a_1b_shape_row_gets_the_same_numbers_whatever_the_batch)
+        cases = {f"beside {k - 1}": logits(list(range(k))) for k in (2, 4, 6, 16)}
         cases["1 thread"] = logits([0], threads=1)
         assert [k for k, v in cases.items() if not np.array_equal(alone, v)] == []
 
@@ -562,29 +561,48 @@ def test_repacked_weights_give_a_row_the_same_numbers_whatever_the_batch(path, f
 
 @cpu_exact
 @pytest.mark.skipif(not SHAPE_1B.exists(), reason="no 1B-shaped model: run `make shapes`")
-@pytest.mark.parametrize("repack", [False, True], ids=["plain", "repacked"])
-@pytest.mark.xfail(strict=True, reason="from 8 rows of input ggml multiplies K-quant weights "
-                   "with its tiled matmul, which at the 1B shape's sizes gives a row other "
-                   "numbers than the one-row dot product (a suspect: how much of K it reads at "
-                   "once depends on the number of rows)")
+@pytest.mark.parametrize("repack,flash_attn", [(False, True), (False, False), (True, True)],
+                         ids=["plain-flash", "plain-no-flash", "repacked-flash"])
 @computes_on_a_thread_of_its_own
-def test_a_1b_shape_row_changes_beside_7_or_more_others(repack):
-    """Found at the 1B shape (Q4_K and Q6_K, 2,048 and 8,192 wide): from 8 rows of input a
-    sequence's logits differ from its logits alone, with plain and with repacked weights; the
-    small models' tensors (SmolLM2, Gemma 3 270M) do not show it. Strict: the day it passes,
-    the exactness promise holds at this size and this mark goes."""
+def test_a_1b_shape_row_gets_the_same_numbers_whatever_the_batch(repack, flash_attn):
+    """At the 1B shape most matrices are Q4_K and Q6_K of widths ggml's tiled K-quant matmul
+    takes, from 8 rows of input up, with vec_dot below: two roundings, so a sequence's logits
+    changed beside 7 or more others (the small models' tensors hardly take that path). Under
+    the row-invariant switch the build's patch (scripts/patches/ggml-cpu-tiled-row-invariant.patch)
+    sends every batch through the tiles, fewer than 8 rows through kernels that round as they
+    do: bitwise the same logits alone, beside 1, 3, 5, 7 and 15 others, on 1 and 2 threads,
+    and for a copy of the sequence's KV (the prefix cache's way of sharing a prompt), flash
+    attention on or off, weights plain or repacked. With the switch off, ggml's own rule
+    changes them beside 7: what the patch is for."""
     import numpy as np
 
-    from engine.llama import Context, ContextConfig
+    from engine.llama import Context, ContextConfig, has_row_invariant_tiled
+    assert has_row_invariant_tiled(), "llama.cpp was built without the tiled-matmul patch"
     m = Model(SHAPE_1B, n_gpu_layers=TEST_GPU_LAYERS, repack=repack)
-    ctx = Context(m, ContextConfig(n_ctx=256 * 8, n_seq_max=8, n_batch=256, n_threads=2,
-                                   kv_unified=False, flash_attn=True))
+    ctx = Context(m, ContextConfig(n_ctx=256 * 16, n_seq_max=16, n_batch=256, n_threads=2,
+                                   kv_unified=False, flash_attn=flash_attn))
     try:
-        prompts = [m.tokenize(f"Item {i}: the list of things to do today is") for i in range(8)]
-        for seq, toks in enumerate(prompts):
+        assert ctx.cpu_backend is not None   # the switch is on, flash attention or not
+        prompts = [m.tokenize(t) for t in SIXTEEN_TEXTS]
+        for seq, toks in enumerate(prompts[:15]):
             assert ctx.decode([(seq, toks, 0, False)]) == 0
-        assert np.array_equal(next_logits_of_first(ctx, prompts, [0]),
-                              next_logits_of_first(ctx, prompts, list(range(8))))
+        prompts[15] = prompts[0]
+        ctx.seq_cp(0, 15, -1, -1)   # sequence 15 gets a copy of sequence 0's prompt
+
+        def logits(seqs, threads=2):
+            ctx.set_threads(threads)
+            return next_logits_of_first(ctx, prompts, seqs)
+        alone = logits([0])
+        cases = {f"beside {k - 1}": logits(list(range(k))) for k in (2, 4, 6, 8, 16)}
+        cases["1 thread"] = logits([0], threads=1)
+        cases["beside 7, 1 thread"] = logits(list(range(8)), threads=1)
+        cases["the KV copy"] = logits([15])
+        assert [k for k, v in cases.items() if not np.array_equal(alone, v)] == []
+
+        if flash_attn and not repack:
+            ctx.use_attention(Attention.GGML_DEFAULT)   # the switch off: ggml's own kernels
+            assert not np.array_equal(logits([0]), logits(list(range(8)))), \
+                "ggml's own rule gave the same numbers beside 7: is the 1B shape K-quant?"
     finally:
         ctx.close()
         m.close()
