@@ -114,6 +114,24 @@ def test_a_stream_left_early_is_cancelled_in_the_engine(server, base):
     assert " disconnected model=" in server.log()   # cancelled, not run to its end
 
 
+def test_a_stream_closed_at_its_last_line_has_finished(server, base):
+    """A client that closes the connection as soon as it reads `done: true` (the JavaScript
+    client and Open WebUI do) got the whole answer: the request ends as finished, not as left
+    early."""
+    finished = server.log().count("POST /api/chat ok ")
+    left = server.log().count("POST /api/chat disconnected ")
+    with httpx.stream("POST", f"{base}/api/chat", timeout=60, json={
+            "model": M, "messages": COUNT, "options": GREEDY}) as resp:
+        for line in resp.iter_lines():
+            if line and json.loads(line)["done"]:
+                break
+    deadline = time.monotonic() + 10
+    while server.log().count("POST /api/chat ok ") == finished and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert server.log().count("POST /api/chat ok ") == finished + 1
+    assert server.log().count("POST /api/chat disconnected ") == left
+
+
 def test_raw_generate_and_system(base, client):
     text = "The capital of France is"
     raw = client.generate(model=M, prompt=text, raw=True, options=GREEDY)

@@ -266,7 +266,10 @@ async def _respond(gen: Generation, answer: AnswerStream, shape: AnswerShape, ti
 async def _lines(gen: Generation, answer: AnswerStream, shape: AnswerShape,
                  timing: Timing) -> AsyncIterator[bytes]:
     """One line per piece of the answer, the last with `done: true` and the statistics; an
-    engine error ends the stream with an `{"error": ...}` line, as Ollama's does."""
+    engine error ends the stream with an `{"error": ...}` line, as Ollama's does. After the
+    last line the engine's events run out (they end with it), so that the request ends as
+    finished: a client that closes the connection as soon as it reads `done: true` (the
+    JavaScript client, Open WebUI) has not left it early."""
     async for event in gen.stream():
         if event.error:
             yield _line({"error": event.error})
@@ -275,7 +278,7 @@ async def _lines(gen: Generation, answer: AnswerStream, shape: AnswerShape,
         if isinstance(event, Final):
             yield _line(shape.last(pieces + answer.end(), event.finish_reason, statistics(
                 timing, event.usage, event.ttft_s, event.total_s)))
-            return
+            continue
         obj = shape.pieces(pieces)
         if obj is not None:
             yield _line(obj)
