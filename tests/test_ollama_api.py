@@ -200,6 +200,52 @@ def test_tools_and_a_call_history_reach_the_prompt(client):
 
 
 # ---- embeddings --------------------------------------------------------------------------------
+# Ollama has no tool_choice, so a call is the model's own decision: SmolLM2 calls the tool
+# (greedily) after three earlier turns that each answered a weather question with a call
+FORECAST = {"type": "function", "function": {
+    "name": "get_weather", "description": "Get the current weather in a city",
+    "parameters": {"type": "object", "required": ["city"], "properties": {
+        "city": {"type": "string", "description": "The city"}}}}}
+
+
+def forecast_turns() -> list[dict]:
+    turns = []
+    for city, weather in (("London", "Rainy, 12 degrees"), ("Rome", "Sunny, 25 degrees"),
+                          ("Madrid", "Hot, 30 degrees")):
+        turns += [{"role": "user", "content": f"Weather in {city}?"},
+                  {"role": "assistant", "content": "", "tool_calls": [
+                      {"function": {"name": "get_weather", "arguments": {"city": city}}}]},
+                  {"role": "tool", "content": weather, "tool_name": "get_weather"},
+                  {"role": "assistant", "content": f"{weather}."}]
+    return turns
+
+
+def test_the_model_calls_a_tool_and_reads_its_result(base, client):
+    """A real call end to end: the model's call comes back in message.tool_calls with its
+    arguments an object (streamed: in one line before the last), and the result sent back as
+    a tool message is what the model answers from."""
+    ask = forecast_turns() + [{"role": "user", "content": "Weather in Tokyo?"}]
+    greedy = {"temperature": 0, "num_predict": 40}
+    called = client.chat(model=M, messages=ask, tools=[FORECAST], options=greedy)
+    assert called.done_reason == "stop" and called.message.content == ""
+    (call,) = called.message.tool_calls
+    assert (call.function.name, call.function.arguments) == ("get_weather", {"city": "Tokyo"})
+    raw = httpx.post(f"{base}/api/chat", timeout=60, json={
+        "model": M, "messages": ask, "tools": [FORECAST], "options": greedy,
+        "stream": False}).json()["message"]["tool_calls"]
+    assert raw[0]["function"] == {"index": 0, "name": "get_weather",
+                                  "arguments": {"city": "Tokyo"}}
+    assert raw[0]["id"].startswith("call_")
+    lines = list(client.chat(model=M, messages=ask, tools=[FORECAST], options=greedy,
+                             stream=True))
+    assert [bool(line.message.tool_calls) for line in lines] == [True, False]
+    assert lines[0].message.tool_calls == called.message.tool_calls and lines[-1].done
+    answered = client.chat(model=M, tools=[FORECAST], options=greedy, messages=ask + [
+        called.message, {"role": "tool", "content": "Snowing, -2 degrees",
+                         "tool_name": "get_weather"}])
+    assert answered.message.content == "Snowing, -2 degrees." and not answered.message.tool_calls
+
+
 def test_embed_and_the_older_embeddings(client):
     out = client.embed(model=TAGGED, input=["a cat", "a dog"])
     assert len(out.embeddings) == 2 and len(out.embeddings[0]) == 576
