@@ -538,3 +538,20 @@ def test_new_session_report_compares_b_with_its_own_cold_time(capsys):
     assert (line["prompt_b"], line["cached_pct_b"], line["cached_from_b"]) == (1100, 81.8, "disk")
     assert (line["ttft_ratio"], line["ttft_b_cold_s"], line["ttft_ratio_cold"]) == (0.222, 10.0, 0.2)
     assert "0.2x its cold time" in capsys.readouterr().out
+
+
+def test_ollama_routes_side_by_side(server_url, tmp_path):
+    """/api/chat and /v1/chat/completions on one server, tiny: both routes generate the same
+    greedy tokens in each rep, the order alternates, each rep has a ratio."""
+    out = tmp_path / "ollama.json"
+    proc = bench("ollama", "--base-url", server_url, "--reps", "2", "--concurrency", "2",
+                 "--input-len", "16", "--output-len", "4", "--result-file", str(out))
+    result = json.loads(out.read_text())
+    assert result["ollama"]["output_tokens"] == result["openai"]["output_tokens"]
+    assert all(0 < n <= 8 for n in result["ollama"]["output_tokens"])
+    assert result["same_answers"] == [True, True]
+    assert result["ollama"]["failed"] == result["openai"]["failed"] == 0
+    assert len(result["ratios"]) == 2 and result["median_ratio"] > 0
+    assert "ollama/openai tok/s per rep" in proc.stdout
+    assert proc.stderr.index("rep 1 ollama") < proc.stderr.index("rep 1 openai")
+    assert proc.stderr.index("rep 2 openai") < proc.stderr.index("rep 2 ollama")
