@@ -73,6 +73,7 @@ def test_chat_streamed_is_the_chat_answered_at_once(client):
     assert "".join(c.message.content for c in chunks) == whole.message.content
     last = chunks[-1]
     assert last.done_reason == "length" and last.eval_count == 12
+    assert last.message.content == ""   # as Ollama ends a stream: the text came before
     assert last.prompt_eval_duration > 0 and last.total_duration > 0
 
 

@@ -265,7 +265,8 @@ async def _respond(gen: Generation, answer: AnswerStream, shape: AnswerShape, ti
 
 async def _lines(gen: Generation, answer: AnswerStream, shape: AnswerShape,
                  timing: Timing) -> AsyncIterator[bytes]:
-    """One line per piece of the answer, the last with `done: true` and the statistics; an
+    """One line per piece of the answer (text, reasoning, a whole tool call), then, as Ollama
+    ends its streams, a last line with no text of its own: `done: true` and the statistics. An
     engine error ends the stream with an `{"error": ...}` line, as Ollama's does. After the
     last line the engine's events run out (they end with it), so that the request ends as
     finished: a client that closes the connection as soon as it reads `done: true` (the
@@ -276,12 +277,13 @@ async def _lines(gen: Generation, answer: AnswerStream, shape: AnswerShape,
             return
         pieces = answer.push(event.text) if event.text else []
         if isinstance(event, Final):
-            yield _line(shape.last(pieces + answer.end(), event.finish_reason, statistics(
-                timing, event.usage, event.ttft_s, event.total_s)))
-            continue
+            pieces += answer.end()
         obj = shape.pieces(pieces)
         if obj is not None:
             yield _line(obj)
+        if isinstance(event, Final):
+            yield _line(shape.last([], event.finish_reason, statistics(
+                timing, event.usage, event.ttft_s, event.total_s)))
 
 
 # ---- embeddings --------------------------------------------------------------------------------
