@@ -23,7 +23,9 @@ Invariants:
 
 Around the step: between steps the thread lease follows the contention governor and the
 process's shared core budget (engine/lease.py); before a step that would start a wave of
-prompts the worker waits a moment for the rest of it (engine/gather.py). A request with a
+prompts the worker waits a moment for the rest of it (engine/gather.py); after a step, and when
+there is nothing to do, a finished sequence's prefix is copied to the cache tiers when the copy
+fits the step target (scheduler/save_pacing.py). A request with a
 grammar samples through its mask (engine/grammar.py); logprobs are computed only for requests
 that ask. n > 1 arrives as one request with forks: they wait while it computes the prompt, then
 start from a copy of its KV (Scheduler.fork) and sample from the same logits (restored between
@@ -56,6 +58,7 @@ from engine.stats import ContextStats, StepTimes
 from engine.threads import CoreBudget
 from kvcache import BlockManager, PrefixStore, block_hashes
 from scheduler import FinishReason, Scheduler, Sequence, StepPlan, make_policy
+from scheduler.save_pacing import SavePacer
 from scheduler.sequence import BACKGROUND
 
 log = logging.getLogger("pagedllama.engine")
@@ -86,8 +89,10 @@ class QueueFull(Exception):
 SLOW_STEP = 4.0
 SLOW_STEP_MARGIN_S = 0.05
 
-# Finished sequences' prefixes are saved to the cache tiers once the context has had nothing to
-# do for this long (a copy takes up to a second, and a request arriving meanwhile waits for it).
+# A finished sequence's prefix is saved to the cache tiers at once when its copy fits the step
+# target (between two steps while streams run, or when the context has nothing to do:
+# scheduler/save_pacing.py); a larger one once the context has had nothing to do for this long
+# (a copy takes up to a second, and a request arriving meanwhile waits for it).
 SAVE_AFTER_IDLE_S = 1.0
 IDLE_SAMPLE_S = 0.5   # while idle, a CPU sample this often for the thread governor
 
@@ -128,6 +133,7 @@ class Worker:
             max_draft=config.max_draft if self.speculative else 0,
             draft_always=config.spec_policy == "always",
             background_stops=self.context.can_stop)
+        self.pacer = SavePacer(config.step_target_ms / 1000)   # prefix copies while busy
         self.max_seq_len = min(config.n_ctx, self.context.n_ctx_seq)
         self.speculation = Speculation(config, self.scheduler, self.speculative, self.max_seq_len)
         self.output = Output(name, model, self.context, self.scheduler, self.speculation,
@@ -232,18 +238,25 @@ class Worker:
         finally:   # however the thread ends, it no longer keeps the others on their own share
             self.lease.idle()
 
-    def _save_snapshots(self, all_of_them: bool = False) -> None:
+    def _save_snapshots(self, all_of_them: bool = False, limit: int | None = None) -> None:
         """Save finished sequences' prefixes to the tiers (kvcache/tier_link.py: they wait for a
-        moment with nothing else to do), one at a time until a request arrives (a copy takes
-        up to a second: the next turn of a conversation finds its prefix in the streams
-        anyway); `all_of_them` when stopping."""
+        moment with nothing else to do, or for room beside running streams), one at a time
+        until a request arrives (a copy takes up to a second: the next turn of a conversation
+        finds its prefix in the streams anyway), `limit` of them at most; `all_of_them` when
+        stopping."""
         try:
-            while self.manager.unsaved and (all_of_them or not self.inbox):
+            while (self.manager.unsaved and (all_of_them or not self.inbox)
+                   and (limit is None or limit > 0)):
                 self.context.apply(self.manager.take_snapshots(limit=1))
+                limit = None if limit is None else limit - 1
         except Exception:   # the tiers are a cache: a failure here fails no request
             log.exception("engine %s: saving prefixes to the cache tiers failed", self.name)
 
     def _wait_for_work(self) -> None:
+        # a copy that fits the step target is made at once: a request arriving meanwhile waits
+        # no longer than a stream waits beside a step (scheduler/save_pacing.py)
+        while self.manager.unsaved and not self.inbox and self._save_paced(0.0):
+            pass
         if self.manager.unsaved:   # saved once the context has been idle a moment: an agent's
             self.lease.pause()     # next request, which continues the last one, comes sooner
             self._publish()
@@ -334,6 +347,38 @@ class Worker:
         if plan.chunks and not self._step_stopped:   # what the step cost outside llama_decode
             self.scheduler.costs.observe_overhead(t2 - t0 - self._step_decode_s)
             self.speculation.observe_step(plan, t2 - t0, self._step_decode_s)
+        if plan.chunks and self.manager.unsaved and self.scheduler.has_work():
+            self._save_while_busy(t2 - t0)
+        else:
+            self.scheduler.reserved_s = 0.0
+
+    def _save_while_busy(self, step_s: float) -> None:
+        """Streams run on: copy the oldest finished sequence's prefix to the tiers now if the
+        copy fits the step target beside the step just run (step_s), else have the next step
+        leave room for it (scheduler/save_pacing.py)."""
+        if not self._save_paced(step_s):
+            n_tokens = len(next(iter(self.manager.unsaved.values()), ()))
+            self.scheduler.reserved_s = self.pacer.reserve_s(n_tokens) if n_tokens else 0.0
+        else:
+            self.scheduler.reserved_s = 0.0
+
+    def _save_paced(self, step_s: float) -> bool:
+        """Copy the oldest finished sequence's prefix to the tiers if the copy fits the step
+        target beside a step of step_s (0: the context is idle); whether one was copied."""
+        n_tokens = len(next(iter(self.manager.unsaved.values())))
+        if not self.pacer.fits(step_s, n_tokens):
+            return False
+        tiers = self.context.tiers
+        before = tiers.store.counts["ram"].written if tiers is not None else 0
+        t0 = time.perf_counter()
+        self._save_snapshots(limit=1)
+        seconds = time.perf_counter() - t0
+        if tiers is None or tiers.store.counts["ram"].written == before:
+            return False
+        self.pacer.observe(n_tokens, seconds, step_s)
+        log.debug("engine %s: saved a %d-token prefix in %.3f s after a %.3f s step", self.name,
+                  n_tokens, seconds, step_s)
+        return True
 
     def _run_plan(self, plan: StepPlan) -> list[Delivery]:
         t0 = time.perf_counter()

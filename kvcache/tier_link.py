@@ -4,8 +4,9 @@
 Saving: a sequence that ends holding at least the space's `min_tokens` cached tokens not yet
 saved is saved as a snapshot (SnapshotOp) once its holder's cells hold exactly its cached chain,
 not on the step it ended in: copying a state takes a while (0.2 s for 3,000 SmolLM2 tokens in a
-busy server), so it waits until the engine has nothing else to do (`take`) or until an op would
-change the holder's cells (`save_before`: the manager runs every op it queues through it).
+busy server), so it waits until the engine finds room for the copy (`take`: between two steps
+within the step target, or with nothing else to do; scheduler/save_pacing.py) or until an op
+would change the holder's cells (`save_before`: the manager runs every op it queues through it).
 
 Loading: a new sequence whose prompt a snapshot holds further than the streams do, by enough to
 pay for loading it (`find`), gets it (a LoadOp into its own seq id, cut to whole blocks within

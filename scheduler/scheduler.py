@@ -150,6 +150,9 @@ class Scheduler:
         # prompt tokens beside decoding streams by the time a step may take (0: one cell each)
         self.step_target_s, self.costs = step_target_s, StepCosts()
         self.watch = StepWatch(step_target_s)   # steps with prompt work beside streams, timed
+        # seconds of the target the next steps leave free (a prefix copy waits: the engine's
+        # scheduler/save_pacing.py)
+        self.reserved_s = 0.0
         self.max_step_tokens = max_step_tokens or max(max_batch_tokens, wave_batch_tokens)
         self.few_decoding, self.finish_piece = few_decoding, finish_piece
         self.max_draft = max_draft   # drafted tokens a sequence may verify in a step (0: none)
@@ -440,8 +443,8 @@ class Scheduler:
         lent = set(self.lending).union(*self.lending.values()) if self.lending else ()
         allowance = max(cells + admissible * chunk, len(lent) * chunk)
         deepest = max((s.num_computed for s in wanting), default=0)
-        timed = (self.costs.prompt_tokens_within(self.step_target_s, decoding=True,
-                                                 depth=deepest)
+        target = max(0.0, self.step_target_s - self.reserved_s)
+        timed = (self.costs.prompt_tokens_within(target, decoding=True, depth=deepest)
                  if self.step_target_s and (wanting or admissible) else None)
         return allowance if timed is None else max(allowance, timed)
 

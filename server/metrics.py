@@ -345,8 +345,8 @@ def _tier_metrics(stats: dict):
          "loading restored states.", "restore_s"),
         (CounterMetricFamily, "prefix_cache_tier_bad_entries", "Entries skipped because a "
          "check failed (truncated, corrupted, other numbers).", "bad"),
-        (CounterMetricFamily, "prefix_cache_tier_writes", "States written to the tier's disk.",
-         "written")]
+        (CounterMetricFamily, "prefix_cache_tier_writes", "States written to the tier (ram: "
+         "saved from a context; disk: files written).", "written")]
     for kind, name, text, key in families:
         family = kind(PREFIX + name, text, labels=tier)
         for t in ("ram", "disk"):

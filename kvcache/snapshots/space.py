@@ -52,7 +52,8 @@ class Snapshot:
 @dataclass
 class TierCounts:
     """Per tier: lookups that found a prefix there (hits), tokens restored from it, the time
-    restores took, and entries that failed a check."""
+    restores took, entries that failed a check, and states written to it (RAM: saved from a
+    context; disk: files)."""
     hits: int = 0
     misses: int = 0
     tokens: int = 0
@@ -127,6 +128,7 @@ class Space:
                         if old.key == h:   # ends inside the new one
                             self._drop(old)
             self._index(snap)
+            self.store.counts["ram"].written += 1   # saved from a context
             if self.store.disk_writable:
                 snap.writing = True
                 self.store._enqueue((snap, data))

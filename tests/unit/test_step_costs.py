@@ -72,6 +72,13 @@ def test_a_long_prompt_beside_decoding_streams_gets_what_the_step_target_allows(
     assert max(sizes) == 144 and len(sizes) <= 15
 
 
+def test_seconds_reserved_for_a_prefix_copy_shorten_the_prompt_pieces():
+    sched = make(step_target_s=0.5)
+    sched.reserved_s = 0.2       # 0.5 - 0.2 - 60 ms leaves 80 tokens at 3 ms: 5 grid cells
+    sizes = pieces_of_a_long_prompt_beside(sched)
+    assert max(sizes) == 80
+
+
 def test_without_a_step_target_a_prompt_gets_one_grid_cell_a_step():
     sizes = pieces_of_a_long_prompt_beside(make(step_target_s=0.0))
     assert max(sizes) == 16 and len(sizes) == 125
