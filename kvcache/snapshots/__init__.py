@@ -27,9 +27,10 @@ also agree with where the file lies: its space identity and block size with the 
 of its folder, its tokens' chain hash with the file name. A file that fails any check (an older
 format too) is skipped with a log line, deleted and counted in the tier's `bad`.
 
-Sharing the directory (replicas on one machine): a file is written under a temporary name and
-renamed into place, so a reader never sees half of one, and a file deleted while read stays
-readable. The rename and the trim that follows it hold a lock on `<dir>/.lock`, so the
+Sharing the directory (replicas; docs/prefix-cache.md has the rules): no file is any process's
+own (no index or manifest file: the folder is the index). A file is written under a temporary
+name and renamed into place, so a reader never sees half of one, and a file deleted while read
+stays readable. The rename and the trim that follows it hold a lock on `<dir>/.lock`, so the
 directory exceeds the smallest byte limit of the processes using it by at most the file just
 renamed. A process that only reads trims too: when a refresh sees that its space's folder
 changed, its disk thread trims the directory to its own limit. An error writing (a full or
