@@ -5,9 +5,13 @@ throughput, TTFT, the prefix hit rate and the requests each replica served
 
     python -m benchmarks.cluster [--rounds 2] [--result-file results/cluster.json]
     python -m benchmarks.cluster --policies manual,round_robin    # routing by a key
+    python -m benchmarks.cluster --scenario sessions [--kill-halfway]   # multi-turn sessions
 
 `manual` is sglang-router's routing by a key the client names (here each request's system
-prompt tag in the x-smg-routing-key header).
+prompt tag in the x-smg-routing-key header; in the sessions scenario the session's id).
+The sessions scenario (benchmarks/cluster_sessions.py): sessions of several turns with a
+context each, the replicas sharing one prefix-cache disk directory, optionally one replica
+killed halfway.
 """
 from __future__ import annotations
 
@@ -20,6 +24,7 @@ import sys
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from benchmarks import cluster_sessions
 from benchmarks.harness import datasets as ds
 from benchmarks.harness.client import first_model
 from benchmarks.harness.metrics import finish
@@ -35,7 +40,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = parser("benchmarks.cluster", __doc__)
     p.add_argument("--replicas", type=int, default=2)
     add(p, "threads", threads={"default": 1, "help": "llama.cpp threads per replica"})
-    p.add_argument("--policies", default="cache_aware,round_robin")
+    p.add_argument("--scenario", choices=("shared-prefix", "sessions"), default="shared-prefix")
+    p.add_argument("--policies", default=None,
+                   help="router policies, comma-separated, passed to cluster.launch as they "
+                        "are (default: cache_aware,round_robin; sessions: "
+                        "manual,cache_aware,round_robin)")
     add(p, "num_prefixes", "shared_len", "num_prompts", "concurrency", "output_len",
         "request_rate", output_len=32,
         request_rate={"help": "requests a second, Poisson arrivals (default: inf, all at once, "
@@ -43,9 +52,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--router-args", default="",
                    help="more sglang-router flags, e.g. '--balance-abs-threshold 8'")
     p.add_argument("--no-pin", action="store_true", help="do not pin replicas to their cores")
-    add(p, "rounds", "seed", "quick", "result_file",
+    add(p, "rounds", "seed", "quick", "request_timeout", "result_file",
         rounds={"help": "alternations of the policies"})
+    cluster_sessions.add_arguments(p)
     args = p.parse_args(argv)
+    if args.policies is None:
+        args.policies = ("manual,cache_aware,round_robin" if args.scenario == "sessions"
+                         else "cache_aware,round_robin")
     if args.quick:
         args.num_prefixes, args.shared_len, args.num_prompts = 2, 150, 8
         args.concurrency, args.output_len = 4, 4
@@ -180,6 +193,10 @@ def summary_table(summary: dict, args) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.scenario == "sessions":
+        result = cluster_sessions.run(args)
+        finish(cluster_sessions.summary_table(result, args), result, args.result_file)
+        return 0
     result = run(args)
     finish(summary_table(result["summary"], args), result, args.result_file)
     return 0
