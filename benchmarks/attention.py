@@ -16,7 +16,9 @@ from pathlib import Path
 
 from benchmarks.harness.metrics import finish, ruled
 from benchmarks.harness.options import add, parser
-from engine.llama import Attention, Context, ContextConfig, Model, has_row_invariant_attention
+from engine.llama import Context, ContextConfig
+from engine.llama_tricks import Attention, has_row_invariant_attention
+from engine.model import Model
 
 PATHS = ["plain", Attention.ROW_INVARIANT.value, Attention.REFERENCE.value,
          Attention.GGML_DEFAULT.value]

@@ -14,7 +14,8 @@ import time
 from pathlib import Path
 
 from benchmarks.harness.options import add, parser
-from engine.llama import Context, ContextConfig, Model
+from engine.llama import Context, ContextConfig
+from engine.model import Model
 
 
 def prefill(ctx: Context, seq_id: int, tokens: list[int], chunk: int) -> float:

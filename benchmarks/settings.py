@@ -20,7 +20,7 @@ from benchmarks.harness.metrics import finish, ruled, stats_ms
 from benchmarks.harness.options import add, parser
 from benchmarks.harness.workload import alternate
 from engine.config import EngineConfig
-from engine.llama import Model
+from engine.model import Model
 from engine.request import Request
 from engine.sampling import SamplingParams
 from engine.worker import Worker

@@ -1,7 +1,8 @@
 """The only runtime package that imports llama_cpp: models, contexts, sampling, the step loop."""
 from engine.chat import ChatTemplate, ChatTemplateError
 from engine.config import EngineConfig
-from engine.llama import Context, ContextConfig, Model, llama_cpp_version
+from engine.llama import Context, ContextConfig
+from engine.model import Model, llama_cpp_version
 from engine.request import ErrorKind, Event, Request
 from engine.sampling import Sampler, SamplingParams
 from engine.stats import ContextStats

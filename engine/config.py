@@ -6,7 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Protocol
 
-from engine.llama import KV_TYPES, has_row_invariant_attention
+from engine.llama import KV_TYPES
+from engine.llama_tricks import has_row_invariant_attention
 from engine.memory import ContextShape
 from scheduler import Preemption
 
@@ -83,8 +84,9 @@ class EngineConfig:
 
     def resolved_for(self, model: ModelKind) -> EngineConfig:
         """The settings left to the model, chosen for it. With flash_attn None (auto): flash
-        attention on its row-invariant path (engine/llama.py, Attention), which is exact and at
-        least as fast as plain attention on prompts and decoding alike (docs/performance.md).
+        attention on its row-invariant path (engine/llama_tricks.py, Attention), which is exact
+        and at least as fast as plain attention on prompts and decoding alike
+        (docs/performance.md).
         Where this llama.cpp lacks that path, flash attention can only be exact on ggml's
         reference path, which turns off the tiled matmul of K-quant weights: then plain
         attention for K-quant models (a q8_0 cache needs flash attention either way). With

@@ -13,7 +13,7 @@ import threading
 import llama_cpp as C
 import numpy as np
 
-from engine.llama import Model
+from engine.model import Model
 
 _POOLING = {C.LLAMA_POOLING_TYPE_MEAN: "mean", C.LLAMA_POOLING_TYPE_CLS: "cls",
             C.LLAMA_POOLING_TYPE_LAST: "last"}

@@ -1,29 +1,33 @@
-"""Thin wrappers over llama.cpp's C API (through llama-cpp-python's ctypes bindings).
-
-Model: a loaded GGUF (weights, vocabulary, chat template), shared by every context of it.
-Context: one llama.cpp context with n_seq_max sequences, a reusable batch filled with numpy,
-llama_decode, logits and the memory (KV) operations, the block manager's typed ops among them.
-"""
+"""One llama.cpp context (through llama-cpp-python's ctypes bindings): n_seq_max sequences, a
+reusable batch filled with numpy, llama_decode (stoppable from another thread), logits, and the
+memory (KV) operations, the block manager's typed ops among them. What it reaches beyond llama.h
+(its CPU backend's switches, the abort callback, a faster logits getter) is in
+engine/llama_tricks.py."""
 from __future__ import annotations
 
-import bisect
 import ctypes
 import functools
 import logging
-import os
-import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
-from enum import StrEnum
-from pathlib import Path
 
 import llama_cpp as C
 import numpy as np
 
-from engine import token_memo
-from engine.gguf_info import k_quant_file_type
-from engine.token_memo import SegmentTokenizer, split_tokens
+from engine import llama_tricks
+from engine.llama_tricks import (
+    Attention,
+    StopFlag,
+    has_row_invariant_attention,
+    has_row_invariant_repack,
+    has_row_invariant_tiled,
+    logits_address,
+    release_backend,
+    set_attention,
+    use_exact_attention,
+)
+from engine.model import Model
 from kvcache import (
     CopyOp,
     DropSavedOp,
@@ -35,369 +39,8 @@ from kvcache import (
     SnapshotOp,
     Space,
 )
-from kvcache.snapshots import file_digest
 
 log = logging.getLogger("pagedllama.llama_cpp")
-_LEVELS = {1: logging.DEBUG, 2: logging.INFO, 3: logging.WARNING, 4: logging.ERROR}
-_backend_lock = threading.Lock()
-_backend_ready = False
-
-
-def llama_cpp_version() -> str:
-    """The version of llama-cpp-python (and so of the llama.cpp it vendors) in this process."""
-    return C.__version__
-
-
-_stoppable = threading.local()   # .on: this thread is in a stoppable decode (Context.decode)
-
-
-@C.llama_log_callback
-def _log_callback(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
-    # llama.cpp's own messages go through logging; quiet (DEBUG) unless they are errors, and
-    # those of a stoppable decode are what stopping it logs ("failed to compute graph").
-    message = text.decode("utf-8", errors="replace").rstrip()
-    if message:
-        error = level == 4 and not getattr(_stoppable, "on", False)
-        log.log(logging.ERROR if error else logging.DEBUG, message)
-
-
-def _stop_callback():
-    """The abort callback of a stoppable decode (Context.decode). llama.cpp's CPU backend calls
-    `bool callback(void *data)` on its first thread after every graph node of a decode, and
-    stops the computation when it answers true. A Python callback would take the GIL hundreds
-    of times a step, each time waiting for the event loop's thread; libc's `strlen`, called on
-    a flag that is a C string ("" to go on, "x" to stop), answers without Python. Its result
-    comes back in the register a bool is read from (its low byte: 0 or 1) on the ABIs llama.cpp
-    runs on. None where libc cannot be found: decodes then always run to their end."""
-    try:
-        address = ctypes.cast(ctypes.CDLL(None).strlen, ctypes.c_void_p).value
-    except (OSError, AttributeError, TypeError):
-        return None
-    return C.ggml_abort_callback(address) if address else None
-
-
-_STOP_CALLBACK = _stop_callback()
-_NO_CALLBACK = C.ggml_abort_callback()   # NULL: no abort callback
-
-
-def init_backend() -> None:
-    global _backend_ready
-    with _backend_lock:
-        if not _backend_ready:
-            C.llama_log_set(_log_callback, ctypes.c_void_p(0))
-            C.llama_backend_init()
-            _backend_ready = True
-
-
-def gpu_offload_supported() -> bool:
-    """Does this llama.cpp build have a GPU backend (GGML_CUDA, ...)? With one, a Model puts all
-    its layers there unless told otherwise: llama.cpp's default n_gpu_layers is -1, all."""
-    init_backend()
-    return bool(C.llama_supports_gpu_offload())
-
-
-def _readable_spans() -> tuple[list[int], list[int]]:
-    """Starts and ends of this process's readable memory mappings, sorted."""
-    starts, ends = [], []
-    with open("/proc/self/maps") as f:
-        for line in f:
-            span, perms = line.split(maxsplit=2)[:2]
-            if perms.startswith("r"):
-                lo, hi = span.split("-")
-                starts.append(int(lo, 16))
-                ends.append(int(hi, 16))
-    return starts, ends
-
-
-def _lib_dir() -> str:
-    """The folder llama-cpp-python loaded libllama from (its own lib folder, or the one its
-    LLAMA_CPP_LIB_PATH named)."""
-    return os.path.dirname(C.llama_cpp._lib._name)
-
-
-@functools.cache
-def _ggml_cpu() -> ctypes.CDLL:
-    """llama-cpp-python's libggml-cpu (the library llama.cpp already loaded: same file, same
-    handle), from where llama-cpp-python loads its libraries; opened once."""
-    lib = ctypes.CDLL(os.path.join(_lib_dir(), "libggml-cpu.so"))
-    lib.ggml_backend_is_cpu.argtypes = [ctypes.c_void_p]
-    lib.ggml_backend_is_cpu.restype = ctypes.c_bool
-    lib.ggml_backend_cpu_set_use_ref.argtypes = [ctypes.c_void_p, ctypes.c_bool]
-    lib.ggml_backend_cpu_set_use_ref.restype = None
-    if hasattr(lib, "ggml_backend_cpu_set_fa_row_invariant"):   # the build's patches (below)
-        lib.ggml_backend_cpu_set_fa_row_invariant.argtypes = [ctypes.c_void_p, ctypes.c_bool]
-        lib.ggml_backend_cpu_set_fa_row_invariant.restype = None
-    for probe in ("ggml_cpu_has_row_invariant_repack", "ggml_cpu_has_row_invariant_tiled"):
-        if hasattr(lib, probe):
-            getattr(lib, probe).argtypes = []
-            getattr(lib, probe).restype = ctypes.c_bool
-    return lib
-
-
-@functools.cache
-def build_identity() -> dict:
-    """What of this llama.cpp decides its numbers: the version, the CPU features its kernels
-    use, and the content of its libraries (a rebuild with other flags computes other sums)."""
-    libs = sorted(p for p in Path(_lib_dir()).glob("lib*.so*") if p.is_file())
-    return {"version": llama_cpp_version(),
-            "system": C.llama_print_system_info().decode(errors="replace").strip(),
-            "libraries": {p.name: file_digest(p) for p in libs}}
-
-
-def has_row_invariant_attention() -> bool:
-    """Was this llama.cpp built with the row-invariant flash-attention patch
-    (scripts/patches/ggml-cpu-fa-row-invariant.patch, applied by `make setup`)?"""
-    return hasattr(_ggml_cpu(), "ggml_backend_cpu_set_fa_row_invariant")
-
-
-def has_row_invariant_repack() -> bool:
-    """Was it also built with the row-invariant repacked matmul
-    (scripts/patches/ggml-cpu-repack-row-invariant.patch): under the same switch (named for
-    flash attention, where it came first), weights in llama.cpp's repacked layouts are
-    multiplied row by row, one kernel whatever the batch?"""
-    lib = _ggml_cpu()
-    return (has_row_invariant_attention() and hasattr(lib, "ggml_cpu_has_row_invariant_repack")
-            and bool(lib.ggml_cpu_has_row_invariant_repack()))
-
-
-def has_row_invariant_tiled() -> bool:
-    """And with the row-invariant K-quant matmul
-    (scripts/patches/ggml-cpu-tiled-row-invariant.patch): under the same switch, K-quant
-    weights in the plain layouts take ggml's tiled matmul for every batch, below 8 rows
-    through kernels that round as its tiles do, where ggml's own rule changes kernels at 8
-    rows and with them a row's numbers (from 1B-sized models on, most matrices are K-quants
-    of a width the tiles take)?"""
-    lib = _ggml_cpu()
-    return (has_row_invariant_attention() and hasattr(lib, "ggml_cpu_has_row_invariant_tiled")
-            and bool(lib.ggml_cpu_has_row_invariant_tiled()))
-
-
-_claimed_backends: set[int] = set()   # the CPU backends of this process's live Contexts
-
-
-def cpu_backend_of(ctx_ptr, scan_bytes: int = 8192) -> int | None:
-    """The address of a llama.cpp context's CPU backend (its `backend_cpu`), or None.
-
-    llama.h has no getter for a context's backends, so this reads the context object's words
-    and returns the one that is a CPU backend: a pointer to readable memory whose first field
-    (the backend's guid pointer) points to readable memory, and that ggml_backend_is_cpu
-    accepts, and that no other live Context has claimed (the scan may run past the object's
-    end). Only readable memory is read, so a layout this does not expect finds nothing rather
-    than crashing."""
-    lib = _ggml_cpu()
-    starts, ends = _readable_spans()
-
-    def readable(addr: int, n: int) -> bool:
-        i = bisect.bisect_right(starts, addr) - 1
-        return i >= 0 and addr + n <= ends[i]
-
-    base = ctypes.cast(ctx_ptr, ctypes.c_void_p).value
-    if base is None:
-        return None
-    for offset in range(0, scan_bytes, 8):
-        if not readable(base + offset, 8):
-            return None
-        word = ctypes.c_uint64.from_address(base + offset).value
-        if word % 8 or not readable(word, 64):
-            continue
-        guid = ctypes.c_uint64.from_address(word).value
-        if (guid and readable(guid, 16) and lib.ggml_backend_is_cpu(word)
-                and word not in _claimed_backends):
-            return word
-    return None
-
-
-class Attention(StrEnum):
-    """How a context's CPU backend computes flash attention (docs/prefix-cache.md, "Attention
-    kernels"). ggml's default picks a kernel by the batch: a lone query row over 512 or more KV
-    cells has its KV split between the threads, 64 or more rows of one sequence go through a
-    tiled kernel, fewer row by row; each gives other numbers, so answers would depend on what
-    else runs, on the thread count and on how a prompt is cut. Both exact paths compute every
-    query row the same way whatever the batch."""
-    ROW_INVARIANT = "row-invariant"   # the tiled kernel for every batch (the build's patch)
-    REFERENCE = "reference"           # ggml's reference path: row by row (slow prompts)
-    GGML_DEFAULT = "ggml-default"     # by the batch: not exact (tests show why)
-
-
-def use_exact_attention(ctx_ptr) -> tuple[int, Attention] | None:
-    """Put a context's CPU backend on an exact flash-attention path: the row-invariant one
-    where this llama.cpp has the patch, else ggml's reference path, which also turns off op
-    fusion and the tiled matmul for K-quant weights (the same logits, much slower batches for
-    K-quant models). Returns the backend's address (claimed for this context) and the path,
-    or None if the backend was not found."""
-    backend = cpu_backend_of(ctx_ptr)
-    if backend is None:
-        return None
-    _claimed_backends.add(backend)
-    if has_row_invariant_attention():
-        set_attention(backend, Attention.ROW_INVARIANT)
-        return backend, Attention.ROW_INVARIANT
-    set_attention(backend, Attention.REFERENCE)
-    return backend, Attention.REFERENCE
-
-
-def set_attention(backend: int, path: Attention) -> None:
-    lib = _ggml_cpu()
-    lib.ggml_backend_cpu_set_use_ref(backend, path is Attention.REFERENCE)
-    if has_row_invariant_attention():
-        lib.ggml_backend_cpu_set_fa_row_invariant(backend, path is Attention.ROW_INVARIANT)
-
-
-class Model:
-    """A GGUF model loaded once: tokenizer, detokenizer pieces and chat template."""
-
-    def __init__(self, path: str | Path, n_gpu_layers: int | None = None, repack: bool = False):
-        """`repack`: let llama.cpp copy weights into its repacked CPU layouts (Q4_0, Q4_K,
-        IQ4_NL, ... on this CPU), whose one-row kernel decodes faster and whose prompts are
-        slower than the plain layouts' tiled kernel. ggml's own rule takes a 4-row kernel from
-        4 rows of input up, so a sequence's logits would depend on how many others decode
-        beside it; this build's patch keeps the one-row kernel for every row under the
-        row-invariant switch (has_row_invariant_repack), which the context turns on
-        (docs/prefix-cache.md, "Weight layouts")."""
-        init_backend()
-        self.path = Path(path)
-        if not self.path.is_file():
-            raise FileNotFoundError(f"model file not found: {self.path}")
-        params = C.llama_model_default_params()
-        params.use_extra_bufts = self.repack = repack
-        if n_gpu_layers is not None:   # only meaningful with a GPU build (-1: all layers)
-            params.n_gpu_layers = n_gpu_layers
-        self.on_gpu = gpu_offload_supported() and n_gpu_layers != 0   # some layers or all
-        self.ptr = C.llama_model_load_from_file(str(self.path).encode(), params)
-        if not self.ptr:
-            raise RuntimeError(f"llama.cpp could not load {self.path}")
-        self.vocab = C.llama_model_get_vocab(self.ptr)
-        self.n_vocab = C.llama_vocab_n_tokens(self.vocab)
-        self.n_ctx_train = C.llama_model_n_ctx_train(self.ptr)
-        self.n_swa = C.llama_model_n_swa(self.ptr)   # a sliding window's width (0: none)
-        self.add_bos = bool(C.llama_vocab_get_add_bos(self.vocab))
-        self.bos_id, self.eos_id = C.llama_vocab_bos(self.vocab), C.llama_vocab_eos(self.vocab)
-        self.eog_ids = frozenset(t for t in range(self.n_vocab)
-                                 if C.llama_vocab_is_eog(self.vocab, t))
-        self.file_type = self._meta("general.file_type")
-        self._pieces: dict[int, bytes] = {}
-        self._segments: SegmentTokenizer | None = None   # built at the first long text
-        template = C.llama_model_chat_template(self.ptr, None)
-        self.chat_template: str | None = template.decode("utf-8") if template else None
-
-    def _meta(self, key: str) -> str | None:
-        buf = ctypes.create_string_buffer(256)
-        n = C.llama_model_meta_val_str(self.ptr, key.encode(), buf, len(buf))
-        return buf.value.decode() if n >= 0 else None
-
-    @property
-    def has_k_quants(self) -> bool:
-        """Is this a K-quant or IQ file (Q4_K_M, Q6_K, IQ4_XS, ...; unknown counts as yes)? ggml
-        multiplies such weights with its tiled matmul from 8 rows of input, a kernel that the
-        reference path (Attention.REFERENCE) turns off, so batches of such a model are
-        much slower with flash attention (docs/prefix-cache.md, "Attention kernels")."""
-        return k_quant_file_type(self.file_type)
-
-    def tokenize(self, text: str, add_special: bool = True,
-                 parse_special: bool = True) -> list[int]:
-        """llama.cpp's tokens of `text`; a long one with special tokens parsed goes through the
-        remembered segments of engine/token_memo.py (the same tokens)."""
-        if parse_special and len(text) >= token_memo.MIN_CHARS:
-            return self._segmenter().tokenize(text, add_special)
-        return self._tokenize(text, add_special, parse_special)
-
-    def _segmenter(self) -> SegmentTokenizer:
-        if self._segments is None:
-            splits: frozenset[str] = frozenset()
-            if (C.llama_vocab_type(self.vocab) in (C.LLAMA_VOCAB_TYPE_SPM, C.LLAMA_VOCAB_TYPE_BPE)
-                    and not C.llama_vocab_get_add_eos(self.vocab)):
-                splits = split_tokens(self._special_tokens())
-            self._segments = SegmentTokenizer(lambda t, bos: self._tokenize(t, bos, True), splits)
-        return self._segments
-
-    def _special_tokens(self) -> list[tuple[str, bool, bool]]:
-        """(text, is control, strips whitespace) of each token llama.cpp's tokenizer looks for
-        in a text before tokenizing the rest (control, user-defined and unknown tokens)."""
-        special = C.LLAMA_TOKEN_ATTR_CONTROL | C.LLAMA_TOKEN_ATTR_USER_DEFINED | \
-            C.LLAMA_TOKEN_ATTR_UNKNOWN
-        strips = C.LLAMA_TOKEN_ATTR_LSTRIP | C.LLAMA_TOKEN_ATTR_RSTRIP
-        out = []
-        for t in range(self.n_vocab):
-            attr = C.llama_vocab_get_attr(self.vocab, t)
-            if attr & special:
-                text = (C.llama_vocab_get_text(self.vocab, t) or b"").decode("utf-8", "replace")
-                out.append((text, bool(attr & C.LLAMA_TOKEN_ATTR_CONTROL), bool(attr & strips)))
-        return out
-
-    def _tokenize(self, text: str, add_special: bool, parse_special: bool) -> list[int]:
-        data = text.encode("utf-8")
-        n_max = len(data) + 8
-        buf = (C.llama_token * n_max)()
-        n = C.llama_tokenize(self.vocab, data, len(data), buf, n_max, add_special, parse_special)
-        if n < 0:
-            buf = (C.llama_token * -n)()
-            n = C.llama_tokenize(self.vocab, data, len(data), buf, -n, add_special, parse_special)
-        return list(buf[:n])
-
-    def piece(self, token: int) -> bytes:
-        """Bytes of one token (control tokens render as nothing)."""
-        piece = self._pieces.get(token)
-        if piece is None:
-            buf = ctypes.create_string_buffer(64)
-            n = C.llama_token_to_piece(self.vocab, token, buf, 64, 0, False)
-            if n < 0:
-                buf = ctypes.create_string_buffer(-n)
-                n = C.llama_token_to_piece(self.vocab, token, buf, -n, 0, False)
-            piece = self._pieces[token] = buf.raw[:n]
-        return piece
-
-    def token_text(self, token: int) -> str:
-        """A token as text with special tokens shown (for templates: bos/eos strings)."""
-        buf = ctypes.create_string_buffer(256)
-        n = C.llama_token_to_piece(self.vocab, token, buf, 256, 0, True)
-        return buf.raw[:max(n, 0)].decode("utf-8", errors="replace")
-
-    def token_bytes(self, token: int, buf=None) -> bytes:
-        """A token's text as bytes, special tokens shown."""
-        buf = ctypes.create_string_buffer(1024) if buf is None else buf
-        n = C.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, True)
-        if n < 0:
-            buf = ctypes.create_string_buffer(-n)
-            n = C.llama_token_to_piece(self.vocab, token, buf, -n, 0, True)
-        return buf.raw[:max(n, 0)]
-
-    def byte_weights(self) -> np.ndarray | None:
-        """For each byte value b, 1 / (length of the longest token text that holds b), or 0 if no
-        token holds it. Every token covers at most its own text's length of input, so a text's
-        byte weights sum to a lower bound on its token count (server/service/prompts.py): computed
-        once, it lets a prompt that cannot fit be rejected without tokenizing it. None where
-        that does not hold: vocabularies that normalise input (WPM, UGM, ...) or special tokens
-        that strip the whitespace beside them."""
-        strip = C.LLAMA_TOKEN_ATTR_LSTRIP | C.LLAMA_TOKEN_ATTR_RSTRIP
-        if C.llama_vocab_type(self.vocab) not in (C.LLAMA_VOCAB_TYPE_BPE, C.LLAMA_VOCAB_TYPE_SPM):
-            return None
-        buf = ctypes.create_string_buffer(1024)
-        pieces = []
-        for token in range(self.n_vocab):
-            if C.llama_vocab_get_attr(self.vocab, token) & strip:
-                return None
-            pieces.append(self.token_bytes(token, buf))
-        data = np.frombuffer(b"".join(pieces), dtype=np.uint8)
-        lengths = np.repeat([len(p) for p in pieces], [len(p) for p in pieces])
-        reach = np.zeros(256, dtype=np.int64)
-        np.maximum.at(reach, data, lengths)
-        return np.divide(1.0, reach, out=np.zeros(256), where=reach > 0)
-
-    def detokenize(self, tokens: list[int], special: bool = False) -> str:
-        """The tokens' text; with `special`, control tokens as their text (`<|im_start|>`)."""
-        pieces = (self.token_bytes(t) for t in tokens) if special else map(self.piece, tokens)
-        return b"".join(pieces).decode("utf-8", errors="replace")
-
-    def close(self) -> None:
-        if self.ptr:
-            C.llama_model_free(self.ptr)
-            self.ptr = None
-
-
-# llama_get_logits_ith returning the address as an int (llama-cpp-python's binding returns a
-# ctypes pointer, and turning that into an array costs more than the call)
-_get_logits_ith = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int32)(
-    ctypes.cast(C.llama_cpp._lib.llama_get_logits_ith, ctypes.c_void_p).value or 0)
 
 
 @functools.cache
@@ -506,7 +149,7 @@ class Context:
         self._copying: set[int] = set()   # streams with a copy pending (_settle)
         self.copied = False   # whether the last decode ran stream copies before its pieces
         self._views: dict[int, np.ndarray] = {}   # logits views by address (see logits)
-        self._stop = ctypes.create_string_buffer(2)   # a stoppable decode's flag (request_stop)
+        self._stop = StopFlag()   # a stoppable decode's flag (request_stop)
 
     # ---- batch and decode ---------------------------------------------------------------------
     def decode(self, pieces: list[tuple[int, list[int], int, int]],
@@ -539,27 +182,21 @@ class Context:
             # llama.cpp would abort the process (an assertion in its output buffer)
             raise RuntimeError(f"a batch with {outputs} outputs, more than the context's "
                                f"{self.config.n_outputs_max}")
-        if not stoppable or _STOP_CALLBACK is None:
+        if not stoppable or not llama_tricks.CAN_STOP:
             return C.llama_decode(self.ptr, self.batch)
-        C.llama_set_abort_callback(self.ptr, _STOP_CALLBACK, ctypes.addressof(self._stop))
-        _stoppable.on = True
-        try:
-            return C.llama_decode(self.ptr, self.batch)
-        finally:
-            _stoppable.on = False
-            C.llama_set_abort_callback(self.ptr, _NO_CALLBACK, None)
+        return self._stop.decode(self.ptr, self.batch)
 
     @property
     def can_stop(self) -> bool:
         """Whether a stoppable decode stops when asked: on the CPU, where libc was found."""
-        return _STOP_CALLBACK is not None and not self.model.on_gpu
+        return llama_tricks.CAN_STOP and not self.model.on_gpu
 
     def request_stop(self) -> None:
         """Stop the stoppable decode running now, or the next one (any thread may call it)."""
-        self._stop[0] = b"x"
+        self._stop.request()
 
     def clear_stop(self) -> None:
-        self._stop[0] = b"\0"
+        self._stop.clear()
 
     def pieces_match_decoding(self, seq: int = 0,
                               lengths: tuple[int, ...] = (2, 3, 5, 9)) -> bool:
@@ -616,7 +253,7 @@ class Context:
         """Logits of batch position i (a view, valid until the next decode). llama.cpp keeps
         its output rows in one buffer that it reallocates only to grow, so the views are kept
         by address: making one costs ~20 us, a step at one stream ~8 ms."""
-        addr = _get_logits_ith(self.ptr, i)
+        addr = logits_address(self.ptr, i)
         if not addr:
             raise ValueError(f"no logits at batch position {i}")
         view = self._views.get(addr)
@@ -758,7 +395,7 @@ class Context:
 
     def close(self) -> None:
         if self.ptr:
-            _claimed_backends.discard(self.cpu_backend)
+            release_backend(self.cpu_backend)
             C.llama_batch_free(self.batch)
             C.llama_free(self.ptr)
             self.ptr = None

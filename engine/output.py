@@ -24,8 +24,9 @@ import logging
 import time
 from collections.abc import Callable
 
-from engine.llama import Context, Model
+from engine.llama import Context
 from engine.logprobs import TokenLogprob, token_logprob
+from engine.model import Model
 from engine.request import ErrorKind, Event, Request
 from engine.speculation import Speculation
 from scheduler import Chunk, FinishReason, Scheduler, Status

@@ -4,7 +4,8 @@ their numbers are equal."""
 from __future__ import annotations
 
 from engine.config import EngineConfig
-from engine.llama import Context, Model, build_identity
+from engine.llama import Context
+from engine.model import Model, build_identity
 from kvcache import PrefixStore, Space, space_identity
 from kvcache.snapshots import file_digest
 

@@ -30,7 +30,8 @@ from pathlib import Path
 
 from engine.config import EngineConfig
 from engine.drafting import Drafter, verify
-from engine.llama import Context, Model, build_identity
+from engine.llama import Context
+from engine.model import Model, build_identity
 from engine.request import Event, Request
 from kvcache.snapshots import write_atomic
 from scheduler import Chunk, Scheduler, Status, StepPlan

@@ -48,7 +48,8 @@ from engine.gather import WaveGather
 from engine.grammar import tokenizer_for
 from engine.handoff import hand_over
 from engine.lease import ThreadLease
-from engine.llama import Context, ContextConfig, Model
+from engine.llama import Context, ContextConfig
+from engine.model import Model
 from engine.output import Delivery, Output, describe
 from engine.prefix_space import tier_space
 from engine.request import Admit, Cancel, ErrorKind, InboxMessage, Request

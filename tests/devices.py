@@ -11,7 +11,7 @@ the CPU (a long prefill takes long); they are skipped on any GPU build.
 """
 import pytest
 
-from engine.llama import gpu_offload_supported
+from engine.model import gpu_offload_supported
 from server.config import gpu_layers_from_env
 
 GPU_BUILD = gpu_offload_supported()

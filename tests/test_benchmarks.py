@@ -248,7 +248,7 @@ def test_piece_cost_times_every_piece_length():
 
 def test_attention_times_each_path(tmp_path):
     from benchmarks.attention import PATHS
-    from engine.llama import has_row_invariant_attention
+    from engine.llama_tricks import has_row_invariant_attention
     paths = [p for p in PATHS if p != "row-invariant" or has_row_invariant_attention()]
     out = tmp_path / "attention.json"
     bench("attention", "--paths", ",".join(paths), "--prompt-len", "32", "--pieces", "16",

@@ -6,10 +6,10 @@ import random
 import pytest
 
 from engine import EngineConfig, Model, Request, SamplingParams, Worker
-from engine.llama import Attention
+from engine.llama_tricks import Attention
 from engine.worker import Observer
 from scheduler.sequence import BACKGROUND
-from tests.devices import TEST_GPU_LAYERS, cpu_exact
+from tests.devices import ON_GPU, TEST_GPU_LAYERS, cpu_exact
 from tests.engine_helpers import (
     assert_books_match_kv,
     computes_on_a_thread_of_its_own,
@@ -529,7 +529,8 @@ def test_repacked_weights_give_a_row_the_same_numbers_whatever_the_batch(path, f
     from 4 rows up) changes the 1B shape's beside 3 or 5: what the patch is for."""
     import numpy as np
 
-    from engine.llama import Context, ContextConfig, has_row_invariant_repack
+    from engine.llama import Context, ContextConfig
+    from engine.llama_tricks import has_row_invariant_repack
     assert has_row_invariant_repack(), "llama.cpp was built without the repack patch"
     m = Model(path, n_gpu_layers=TEST_GPU_LAYERS, repack=True)
     ctx = Context(m, ContextConfig(n_ctx=256 * 16, n_seq_max=16, n_batch=256, n_threads=2,
@@ -576,7 +577,8 @@ def test_a_1b_shape_row_gets_the_same_numbers_whatever_the_batch(repack, flash_a
     changes them beside 7: what the patch is for."""
     import numpy as np
 
-    from engine.llama import Context, ContextConfig, has_row_invariant_tiled
+    from engine.llama import Context, ContextConfig
+    from engine.llama_tricks import has_row_invariant_tiled
     assert has_row_invariant_tiled(), "llama.cpp was built without the tiled-matmul patch"
     m = Model(SHAPE_1B, n_gpu_layers=TEST_GPU_LAYERS, repack=repack)
     ctx = Context(m, ContextConfig(n_ctx=256 * 16, n_seq_max=16, n_batch=256, n_threads=2,
@@ -612,7 +614,8 @@ def test_flash_attention_runs_on_the_row_invariant_path(model):
     """The build's patch (scripts/patches/ggml-cpu-fa-row-invariant.patch, applied by make
     setup) is there and a flash-attention context uses it: without it, flash attention falls
     back to ggml's reference path, exact but slow on long prompts."""
-    from engine.llama import Context, ContextConfig, has_row_invariant_attention
+    from engine.llama import Context, ContextConfig
+    from engine.llama_tricks import has_row_invariant_attention
     assert has_row_invariant_attention(), "llama.cpp was built without the row-invariant patch"
     ctx = Context(model, ContextConfig(n_ctx=256, n_seq_max=1, n_batch=32, n_threads=1,
                                        flash_attn=True))
@@ -623,13 +626,14 @@ def test_flash_attention_runs_on_the_row_invariant_path(model):
 
 
 def test_each_context_finds_its_own_cpu_backend(model):
-    """engine.llama.cpu_backend_of reads a context object's words to find its CPU backend
+    """engine.llama_tricks.cpu_backend_of reads a context object's words to find its CPU backend
     (llama.h has no getter): two flash-attention contexts claim two different backends, a
     closed one gives its back, and memory full of words that point nowhere (unmapped
     addresses, odd ones, null) finds nothing and does not crash."""
     import ctypes
 
-    from engine.llama import Context, ContextConfig, _claimed_backends, cpu_backend_of
+    from engine.llama import Context, ContextConfig
+    from engine.llama_tricks import _claimed_backends, cpu_backend_of
     config = ContextConfig(n_ctx=256, n_seq_max=1, n_batch=32, n_threads=1, flash_attn=True)
     a, b = Context(model, config), Context(model, config)
     try:
@@ -642,6 +646,41 @@ def test_each_context_finds_its_own_cpu_backend(model):
         a.close()
         b.close()
     assert backend not in _claimed_backends
+
+
+# a stop is a CPU fact: llama.cpp's CPU backend calls the abort callback (Context.can_stop)
+@pytest.mark.skipif(ON_GPU, reason="a decode on the GPU is not stopped part-way")
+def test_a_stoppable_decodes_errors_are_quiet_only_when_it_was_stopped(model, caplog):
+    """Stopping a decode makes llama.cpp log errors ("failed to compute graph"): only then are
+    they DEBUG (engine/llama_tricks.py, log_level). A stoppable decode that fails on its own (a
+    token id past the vocabulary), stop flag clear, logs its error as an ERROR, as a plain
+    decode does."""
+    import logging
+
+    from engine.llama import Context, ContextConfig
+    ctx = Context(model, ContextConfig(n_ctx=256, n_seq_max=1, n_batch=32, n_threads=1))
+    caplog.set_level(logging.DEBUG, logger="pagedllama.llama_cpp")
+    tokens = model.tokenize("The lighthouse keeper climbed the ninety steps")
+
+    def logged(stoppable: bool, toks: list[int]) -> tuple[int, list[int]]:
+        caplog.clear()
+        status = ctx.decode([(0, toks, 0, True)], stoppable=stoppable)
+        ctx.seq_rm(0, -1, -1)
+        return status, [r.levelno for r in caplog.records if r.name == "pagedllama.llama_cpp"]
+
+    try:
+        assert ctx.can_stop
+        ctx.request_stop()
+        status, levels = logged(True, tokens)
+        assert status == 2 and levels and set(levels) == {logging.DEBUG}
+        ctx.clear_stop()
+        assert logged(True, tokens) == (0, [])
+        bad = tokens[:-1] + [model.n_vocab + 5]
+        for stoppable in (True, False):
+            status, levels = logged(stoppable, bad)
+            assert status < 0 and logging.ERROR in levels, stoppable
+    finally:
+        ctx.close()
 
 
 @cpu_exact

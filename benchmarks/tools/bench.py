@@ -19,7 +19,8 @@ from pathlib import Path
 import llama_cpp as C
 import numpy as np
 
-from engine.llama import Context, ContextConfig, Model
+from engine.llama import Context, ContextConfig
+from engine.model import Model
 
 
 def make_context(model: Model, n_ctx: int, n_batch: int, n_seq_max: int = 1,

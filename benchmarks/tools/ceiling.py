@@ -14,7 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
-from engine.llama import Context, ContextConfig, Model
+from engine.llama import Context, ContextConfig
+from engine.model import Model
 
 
 @dataclass

@@ -17,7 +17,8 @@ import time
 
 import numpy as np
 
-from engine.llama import Context, ContextConfig, Model, gpu_offload_supported, llama_cpp_version
+from engine.llama import Context, ContextConfig
+from engine.model import Model, gpu_offload_supported, llama_cpp_version
 
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, a robot",
            "List three prime numbers:"]

@@ -15,7 +15,9 @@ import sys
 
 import numpy as np
 
-from engine.llama import Attention, Context, ContextConfig, Model
+from engine.llama import Context, ContextConfig
+from engine.llama_tricks import Attention
+from engine.model import Model
 
 KERNELS = {"flash, row-invariant": (True, Attention.ROW_INVARIANT),
            "flash, reference": (True, Attention.REFERENCE),

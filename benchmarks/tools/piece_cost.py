@@ -17,7 +17,8 @@ import time
 
 import numpy as np
 
-from engine.llama import Context, ContextConfig, Model
+from engine.llama import Context, ContextConfig
+from engine.model import Model
 
 PIECES = (1, 2, 3, 4, 5, 7, 9, 13, 17)
 

@@ -13,7 +13,7 @@ import llama_cpp as C
 import numpy as np
 
 from engine.gguf_info import declared_file_type, read_header
-from engine.llama import init_backend
+from engine.model import init_backend
 
 _INTERNAL_PREFIX = "GGUF."
 _FLOAT_TYPES = (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16,

@@ -44,8 +44,8 @@ import psutil
 from engine import ChatTemplate, Model, Observer, Worker
 from engine.embedding import Embedder
 from engine.gguf_info import GGUFHeader, gguf_facts, k_quant_file_type, read_header
-from engine.llama import gpu_offload_supported
 from engine.memory import MemoryEstimate, MiB, ModelShape, estimate
+from engine.model import gpu_offload_supported
 from engine.threads import CoreBudget
 from kvcache import PrefixStore
 from server.config import ModelSpec, Settings, total_threads, usable_cores

@@ -87,7 +87,8 @@ def test_the_file_declares_the_shape_and_carries_the_tokenizer(tiny):
 
 @computes_on_a_thread_of_its_own
 def test_llama_cpp_loads_the_file_as_a_llama_model_and_its_logits_are_finite(tiny):
-    from engine.llama import Context, ContextConfig, Model
+    from engine.llama import Context, ContextConfig
+    from engine.model import Model
     folder, _ = tiny
     model = Model(folder / "tiny-Q4_K_M.gguf")
     try:
