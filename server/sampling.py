@@ -1,8 +1,9 @@
 """The sampling values a request may tune and a models file's per-model `defaults` may preset,
-defined once: `TUNABLE`, each value's JSON type and range. A request body declares them with
-these ranges (server/openai/bodies.py: SamplingFields), a models file's defaults are checked
-against the same (server/config.py), and the engine's `SamplingParams` (engine/sampling.py)
-holds them, with its defaults for a value nobody set. This module imports no API module."""
+defined once: `TUNABLE`, each value's JSON type and range. A request body's fields are made from
+it (server/openai/bodies.py: SamplingFields, through tunable_fields), a models file's defaults
+are checked against the same (server/config.py), and the engine's `SamplingParams`
+(engine/sampling.py) holds them, with its defaults for a value nobody set. This module imports
+no API module."""
 from __future__ import annotations
 
 from dataclasses import fields
@@ -36,6 +37,10 @@ def tunable(name: str) -> Any:
     return Field(None, **TUNABLE[name][1])
 
 
+def tunable_fields() -> dict[str, Any]:
+    """The tunable values as a model's fields (pydantic's create_model), each as `tunable`."""
+    return {name: (kind | None, tunable(name)) for name, (kind, _) in TUNABLE.items()}
+
+
 # the tunable values, each optional, checked as a request's are (a models file's defaults)
-Tuned: type[BaseModel] = create_model(
-    "Tuned", **{name: (kind | None, tunable(name)) for name, (kind, _) in TUNABLE.items()})
+Tuned: type[BaseModel] = create_model("Tuned", **tunable_fields())

@@ -27,6 +27,7 @@ from pydantic import (
     Field,
     TypeAdapter,
     WithJsonSchema,
+    create_model,
     field_validator,
     model_validator,
 )
@@ -35,7 +36,7 @@ from pydantic_core import PydanticCustomError
 from server.durations import parse_keep_alive
 from server.http.errors import APIError
 from server.openai.fields import LABELS, NEUTRAL
-from server.sampling import INT32_MAX, TUNABLE, Float, Int, tunable
+from server.sampling import INT32_MAX, TUNABLE, Float, Int, tunable_fields
 from server.service.request import Blame, GenerationRequest, Sampling
 
 INT64_MAX = 2**63 - 1
@@ -164,21 +165,19 @@ class Body(BaseModel):
         return data
 
 
-class SamplingFields(Body):
+# The sampling values a request may tune, as fields of a body (server/sampling.py: TUNABLE):
+# temperature, top_k, top_p, min_p and the penalties, each optional within its range.
+TunableBody: type[Body] = create_model("TunableBody", __base__=Body, **tunable_fields())
+
+
+class SamplingFields(TunableBody):
     # Unknown fields are kept (model_extra) so that server/openai/fields.py can refuse them by name.
     model_config = ConfigDict(extra="allow")
     NULL_IS_DEFAULT = ("n", "stream", "echo")
 
     model: str | None = None
     max_tokens: Int | None = Field(None, ge=1, le=INT32_MAX)
-    temperature: Float | None = tunable("temperature")   # ranges: server/sampling.py
-    top_p: Float | None = tunable("top_p")
-    top_k: Int | None = tunable("top_k")
-    min_p: Float | None = tunable("min_p")
     seed: Int | None = Field(None, description="any integer; -1: random (llama-server's)")
-    presence_penalty: Float | None = tunable("presence_penalty")
-    frequency_penalty: Float | None = tunable("frequency_penalty")
-    repetition_penalty: Float | None = tunable("repetition_penalty")
     stop: str | StopList | None = None
     ignore_eos: Bool = False
     n: Int = Field(1, ge=1, le=INT32_MAX)   # above PAGEDLLAMA_MAX_N: a 400 in the routes
