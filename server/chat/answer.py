@@ -26,7 +26,7 @@ from server.chat.tool_calls import (
     ToolCall,
     as_written,
     breaks_schema,
-    partial_suffix,
+    ready,
 )
 from server.errors import APIError
 
@@ -102,10 +102,8 @@ class ReasoningSplitter:
                 self.held = self.held[end + len(THINK_CLOSE):]
                 self.state, self.trim = "answer", True
                 continue
-            safe = len(self.held) - partial_suffix(self.held, THINK_CLOSE)
-            part = self.held[:safe].rstrip()
+            part, self.held = ready(self.held, THINK_CLOSE)
             self._reason(out, part)
-            self.held = self.held[len(part):]
             return out
 
     def end(self) -> list[Piece]:

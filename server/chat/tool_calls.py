@@ -241,10 +241,8 @@ class CallSplitter:
                 self.before = before[len(text_part):]
                 self.held, self.in_call = self.held[start + len(OPEN):], True
                 continue
-            safe = len(self.held) - partial_suffix(self.held, OPEN)
-            text_part = self.held[:safe].rstrip()
+            text_part, self.held = ready(self.held, OPEN)
             self._text(out, text_part)
-            self.held = self.held[len(text_part):]
             return out
 
     def end(self) -> list[str | ToolCall]:
@@ -261,6 +259,14 @@ class CallSplitter:
         if text:
             out.append(text)
             self.emitted, self.after_call = True, False
+
+
+def ready(held: str, tag: str) -> tuple[str, str]:
+    """Streamed text with no `tag` in it, cut into what may go out now and what is held until
+    more comes: an end that may be the start of `tag`, and the whitespace before it (which
+    belongs to what follows, a tag or more text)."""
+    part = held[:len(held) - partial_suffix(held, tag)].rstrip()
+    return part, held[len(part):]
 
 
 def partial_suffix(text: str, tag: str) -> int:
