@@ -9,7 +9,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from cluster.processes import free_port, wait_http
+from cluster.processes import free_port, stop, wait_http
 
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = ROOT / "models"
@@ -77,11 +77,5 @@ def server_process(env: dict[str, str] | None = None, startup_timeout: float = 1
             raise RuntimeError(f"{exc}:\n{log_path.read_text()}") from None
         yield ServerProcess(base, proc, log_path)
     finally:
-        if proc.poll() is None:
-            proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
+        stop([proc], timeout=20)
         log.close()

@@ -16,7 +16,7 @@ from pathlib import Path
 import psutil
 
 from benchmarks.harness.client import check_loopback
-from cluster.processes import free_port, wait_http
+from cluster.processes import free_port, stop, wait_http
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_MODEL = ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -155,12 +155,7 @@ def launched(spec: ServerSpec, startup_timeout: float = 300.0, log_dir: str | No
             _wait_healthy(spec, proc, log_path, startup_timeout)
             yield spec.base_url
         finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=10)
+            stop([proc], timeout=30)
 
 
 def _wait_healthy(spec: ServerSpec, proc: subprocess.Popen, log_path: Path,
