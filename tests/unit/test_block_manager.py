@@ -38,6 +38,17 @@ def finished(manager, kv, tokens):
     return alloc
 
 
+def swapped(manager, kv, alloc, tokens, max_tokens):
+    """Preemption by swap: a sequence's state saved, the sequence freed and its state restored
+    in a new one (None where that does not fit), the ops applied. Returns it and the key."""
+    key = manager.save(alloc)
+    manager.free(alloc)
+    kv.apply(manager.take_ops())
+    restored = manager.open_for_restore(key, tokens, max_tokens)
+    kv.apply(manager.take_ops())
+    return restored, key
+
+
 def test_fresh_sequence_gets_no_cached_tokens():
     manager, kv = make()
     alloc = manager.open(list(range(10)), 9, 11)
@@ -208,11 +219,7 @@ def test_a_saved_state_comes_back_in_a_new_sequence():
     tokens = list(range(6))
     a = manager.open(tokens, 5, 7)
     compute(manager, kv, a, tokens, 0, 6)
-    key = manager.save(a)
-    manager.free(a)
-    kv.apply(manager.take_ops())
-    b = manager.open_for_restore(key, tokens, 7)
-    kv.apply(manager.take_ops())
+    b, _ = swapped(manager, kv, a, tokens, 7)
     assert kv.read(b.seq_id) == [tuple(tokens[:p + 1]) for p in range(6)] and kv.saved == {}
 
 
@@ -310,16 +317,13 @@ class ManagerMachine(RuleBasedStateMachine):
         """Preemption by swap: save the state, free the sequence, restore it in a new one."""
         entry = self.live[i % len(self.live)]
         alloc, tokens, done = entry
-        key = self.manager.save(alloc)
-        self.manager.free(alloc)
-        self.kv.apply(self.manager.take_ops())
-        restored = self.manager.open_for_restore(key, tokens[:done], len(tokens) + 1)
+        restored, key = swapped(self.manager, self.kv, alloc, tokens[:done], len(tokens) + 1)
         if restored is None:
             self.manager.drop_saved(key)
+            self.kv.apply(self.manager.take_ops())
             self.live.remove(entry)
         else:
             entry[0] = restored
-        self.kv.apply(self.manager.take_ops())
 
     @precondition(lambda self: self.live)
     @rule(i=st.integers(0, 10))
@@ -537,11 +541,7 @@ def test_restored_split_kv_sequence_can_grow_into_every_block_counted_free():
     tokens = list(range(9))
     a = manager.open(tokens, 8, 10)
     compute(manager, kv, a, tokens, 0, 9)
-    key = manager.save(a)
-    manager.free(a)
-    kv.apply(manager.take_ops())
-    b = manager.open_for_restore(key, tokens, 10)
-    kv.apply(manager.take_ops())
+    b, _ = swapped(manager, kv, a, tokens, 10)
     tokens += [100, 101, 102]
     compute(manager, kv, b, tokens, 9, 12)
     assert manager.ensure(b, (len(b.blocks) + manager.num_free_blocks) * BS)
