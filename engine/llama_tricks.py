@@ -210,7 +210,7 @@ def _logits_getter():
     fn = getattr(lib, "llama_get_logits_ith", None)
     if fn is not None:
         return ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int32)(
-            ctypes.cast(fn, ctypes.c_void_p).value)
+            ctypes.cast(fn, ctypes.c_void_p).value or 0)
     return lambda ctx, i: ctypes.cast(C.llama_get_logits_ith(ctx, i), ctypes.c_void_p).value
 
 
