@@ -662,23 +662,26 @@ def test_a_stoppable_decodes_errors_are_quiet_only_when_it_was_stopped(model, ca
     caplog.set_level(logging.DEBUG, logger="pagedllama.llama_cpp")
     tokens = model.tokenize("The lighthouse keeper climbed the ninety steps")
 
-    def logged(stoppable: bool, toks: list[int]) -> tuple[int, list[int]]:
+    def logged(stoppable: bool, toks: list[int]) -> tuple[int, dict[str, int]]:
+        """llama_decode's status, and the level of each line llama.cpp logged that says a
+        failure."""
         caplog.clear()
         status = ctx.decode([(0, toks, 0, True)], stoppable=stoppable)
         ctx.seq_rm(0, -1, -1)
-        return status, [r.levelno for r in caplog.records if r.name == "pagedllama.llama_cpp"]
+        return status, {r.getMessage(): r.levelno for r in caplog.records
+                        if r.name == "pagedllama.llama_cpp" and "fail" in r.getMessage()}
 
     try:
         assert ctx.can_stop
         ctx.request_stop()
-        status, levels = logged(True, tokens)
-        assert status == 2 and levels and set(levels) == {logging.DEBUG}
+        status, failures = logged(True, tokens)
+        assert status == 2 and failures and set(failures.values()) == {logging.DEBUG}, failures
         ctx.clear_stop()
-        assert logged(True, tokens) == (0, [])
+        assert logged(True, tokens) == (0, {})
         bad = tokens[:-1] + [model.n_vocab + 5]
         for stoppable in (True, False):
-            status, levels = logged(stoppable, bad)
-            assert status < 0 and logging.ERROR in levels, stoppable
+            status, failures = logged(stoppable, bad)
+            assert status < 0 and logging.ERROR in failures.values(), (stoppable, failures)
     finally:
         ctx.close()
 
