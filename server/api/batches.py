@@ -27,7 +27,7 @@ from server.http.errors import APIError, ErrorResponse, describe_errors
 from server.http.openapi import ERROR_RESPONSES
 from server.openai.bodies import ChatCompletionRequest, CompletionRequest, SamplingFields
 from server.openai.fields import unsupported
-from server.openai.responses_format import ResponsesRequest
+from server.openai.responses_body import ResponsesRequest
 from server.service.client import Client
 from server.service.service import Service
 

@@ -18,13 +18,13 @@ from server.http.client import HTTPClient
 from server.http.errors import error_body
 from server.http.openapi import ERROR_RESPONSES, RESPONSES_STREAMED
 from server.http.sse import EventStream, message
-from server.openai.responses_format import (
+from server.openai.responses_body import (
     ResponsesRequest,
-    ResponseState,
     constraints,
     reject_unsupported,
     to_messages,
 )
+from server.openai.responses_format import ResponseState
 from server.service.client import Client
 from server.service.generation import Final, Generation, error_status
 from server.service.service import IGNORED_TOOLS_HEADER, Service

@@ -17,6 +17,7 @@ from server.api import responses as route
 from server.chat.answer import Thinking
 from server.http import errors
 from server.http.errors import APIError
+from server.openai import responses_body as body_api
 from server.openai import responses_format as api
 from server.openai import sealing
 from server.service.generation import Collected, Final, Usage
@@ -73,16 +74,16 @@ def codex_body(**kw) -> dict:
         "client_metadata": {"x-codex-installation-id": "00000000-0000"}, **kw}
 
 
-def request(**kw) -> api.ResponsesRequest:
-    return api.ResponsesRequest(**codex_body(**kw))
+def request(**kw) -> body_api.ResponsesRequest:
+    return body_api.ResponsesRequest(**codex_body(**kw))
 
 
 def call(name: str, arguments: dict) -> str:
     return f'<tool_call>{{"name": "{name}", "arguments": {json.dumps(arguments)}}}</tool_call>'
 
 
-def finished(body: api.ResponsesRequest, text: str, thinking: Thinking | None = None) -> list[dict]:
-    return api.output_items(text, api.constraints(body, model=None).use, "msg_1", thinking,
+def finished(body: body_api.ResponsesRequest, text: str, thinking: Thinking | None = None) -> list[dict]:
+    return api.output_items(text, body_api.constraints(body, model=None).use, "msg_1", thinking,
                         body.seals_reasoning)
 
 
@@ -96,16 +97,16 @@ def server_key(tmp_path, monkeypatch):
 # ---- the first request ---------------------------------------------------------------------------
 def test_a_codex_first_request_is_accepted_as_sent():
     body = request()
-    api.reject_unsupported(body)
-    asked = api.constraints(body, model=None)
+    body_api.reject_unsupported(body)
+    asked = body_api.constraints(body, model=None)
     assert asked.grammar is None and asked.use.choice == "auto" and not asked.use.parallel
-    assert [m["role"] for m in api.to_messages(body, asked.use)] == ["system", "system", "user", "user"]
+    assert [m["role"] for m in body_api.to_messages(body, asked.use)] == ["system", "system", "user", "user"]
     assert body.prompt_cache_key == "019a-thread"
 
 
 def test_the_response_echoes_the_reasoning_and_verbosity_asked():
     body = request()
-    state = api.ResponseState(body, "m", api.constraints(body, model=None).use)
+    state = api.ResponseState(body, "m", body_api.constraints(body, model=None).use)
     resp = state.response()
     assert resp["reasoning"] == {"effort": "low", "summary": "auto"}
     assert resp["text"]["verbosity"] == "low" and resp["store"] is False
@@ -113,7 +114,7 @@ def test_the_response_echoes_the_reasoning_and_verbosity_asked():
 
 # ---- namespaces ----------------------------------------------------------------------------------
 def test_a_namespaces_functions_are_offered_each_under_its_own_name():
-    use = api.constraints(request(), model=None).use
+    use = body_api.constraints(request(), model=None).use
     assert [f.name for f in use.functions] == ["exec_command", "update_plan", "apply_patch",
                                                "spawn_agent", "wait_agent"]
 
@@ -137,7 +138,7 @@ def test_a_call_to_a_top_level_function_has_no_namespace():
 
 def test_tools_sharing_a_name_are_told_apart_by_their_namespace():
     other = {**MULTI_AGENT, "name": "mcp__shell__", "tools": [{**EXEC, "description": "MCP's."}]}
-    use = api.constraints(request(tools=[EXEC, other]), model=None).use
+    use = body_api.constraints(request(tools=[EXEC, other]), model=None).use
     assert [f.name for f in use.functions] == ["exec_command", "mcp__shell__.exec_command"]
     [item] = finished(request(tools=[EXEC, other]), call("mcp__shell__.exec_command", {"cmd": "ls"}))
     assert (item["name"], item["namespace"]) == ("exec_command", "mcp__shell__")
@@ -150,25 +151,25 @@ def test_a_namespaced_call_in_the_history_is_shown_under_the_name_the_model_know
         {"type": "function_call", "call_id": "c1", "namespace": "mcp__shell__",
          "name": "exec_command", "arguments": '{"cmd": "ls"}'},
         {"type": "function_call_output", "call_id": "c1", "output": "a.txt"}])
-    msgs = api.to_messages(body, api.constraints(body, model=None).use)
+    msgs = body_api.to_messages(body, body_api.constraints(body, model=None).use)
     assert msgs[2]["tool_calls"][0]["function"]["name"] == "mcp__shell__.exec_command"
 
 
 def test_a_tool_choice_may_name_a_namespaced_function_by_its_own_name():
-    use = api.constraints(request(tool_choice={"type": "function", "name": "wait_agent"}), None).use
+    use = body_api.constraints(request(tool_choice={"type": "function", "name": "wait_agent"}), None).use
     assert use.choice == "wait_agent"
     assert accepts(use.grammar(), call("wait_agent", {"targets": ["a"]}))
 
 
 def test_a_namespace_without_a_tools_list_is_a_400_naming_it():
     with pytest.raises(APIError) as exc:
-        api.constraints(request(tools=[{"type": "namespace", "name": "x", "description": ""}]), None)
+        body_api.constraints(request(tools=[{"type": "namespace", "name": "x", "description": ""}]), None)
     assert exc.value.param == "tools[0].tools"
 
 
 # ---- custom (freeform) tools ---------------------------------------------------------------------
 def test_a_custom_tool_is_offered_as_a_function_of_one_string_with_its_grammar_described():
-    [patch] = [f for f in api.constraints(request(), None).use.functions if f.name == "apply_patch"]
+    [patch] = [f for f in body_api.constraints(request(), None).use.functions if f.name == "apply_patch"]
     assert patch.parameters["properties"] == {"input": {"type": "string"}}
     assert LARK in patch.description and "FREEFORM" in patch.description
 
@@ -190,7 +191,7 @@ def test_a_custom_tool_call_and_its_output_in_the_history_become_a_call_and_a_to
                           {"type": "custom_tool_call", "call_id": "c1", "name": "apply_patch",
                            "input": "*** Begin Patch\n*** End Patch"},
                           {"type": "custom_tool_call_output", "call_id": "c1", "output": "Done!"}])
-    msgs = api.to_messages(body, api.constraints(body, None).use)
+    msgs = body_api.to_messages(body, body_api.constraints(body, None).use)
     fn = msgs[2]["tool_calls"][0]["function"]
     assert fn["name"] == "apply_patch" and json.loads(fn["arguments"]) == {
         "input": "*** Begin Patch\n*** End Patch"}
@@ -198,7 +199,7 @@ def test_a_custom_tool_call_and_its_output_in_the_history_become_a_call_and_a_to
 
 
 def test_a_tool_choice_naming_a_custom_tool_forces_its_call():
-    use = api.constraints(request(tool_choice={"type": "custom", "name": "apply_patch"}), None).use
+    use = body_api.constraints(request(tool_choice={"type": "custom", "name": "apply_patch"}), None).use
     assert accepts(use.grammar(), call("apply_patch", {"input": "x"}))
 
 
@@ -207,20 +208,20 @@ def test_hosted_tools_are_left_out_of_the_prompt_and_named_once():
     hosted = [WEB_SEARCH, {"type": "image_generation", "output_format": "png"},
               {"type": "web_search", "search_context_size": "low"}, {"type": "local_shell"},
               {"type": "tool_search", "execution": "client", "description": "", "parameters": {}}]
-    asked = api.constraints(request(tools=[EXEC, *hosted]), None)
+    asked = body_api.constraints(request(tools=[EXEC, *hosted]), None)
     assert [f.name for f in asked.use.functions] == ["exec_command"]
     assert asked.ignored_tools == ["web_search", "image_generation", "local_shell", "tool_search"]
 
 
 def test_only_hosted_tools_leave_no_tool_offered():
-    use = api.constraints(request(tools=[WEB_SEARCH]), None).use
+    use = body_api.constraints(request(tools=[WEB_SEARCH]), None).use
     assert not use.active and use.choice == "none"
 
 
 @pytest.mark.parametrize("kind", ["web search", "x\r\nSet-Cookie: a=b", "", 3, "é"])
 def test_a_tool_type_that_could_not_be_named_in_a_header_is_a_400(kind):
     with pytest.raises(APIError) as exc:
-        api.constraints(request(tools=[EXEC, {"type": kind}]), None)
+        body_api.constraints(request(tools=[EXEC, {"type": kind}]), None)
     assert exc.value.param == "tools[1].type"
 
 
@@ -229,7 +230,7 @@ def test_a_tool_type_that_could_not_be_named_in_a_header_is_a_400(kind):
                                     {"type": "mcp", "server_label": "x"}])
 def test_a_tool_choice_forcing_a_hosted_tool_is_a_400(choice):
     with pytest.raises(APIError) as exc:
-        api.constraints(request(tool_choice=choice), None)
+        body_api.constraints(request(tool_choice=choice), None)
     assert (exc.value.status, exc.value.param, exc.value.code) == (
         400, "tool_choice", "unsupported_parameter")
 
@@ -254,14 +255,14 @@ def test_a_sealed_reasoning_item_sent_back_is_the_reasoning_of_its_turn():
                           {"type": "message", "role": "assistant", "content": [
                               {"type": "output_text", "text": "Listing."}]},
                           {"type": "message", "role": "user", "content": "thanks"}])
-    assert api.to_messages(body)[2] == {"role": "assistant", "content": "Listing.",
+    assert body_api.to_messages(body)[2] == {"role": "assistant", "content": "Listing.",
                                     "reasoning_content": "Plan: run ls."}
 
 
 def test_a_reasoning_item_with_a_null_encrypted_content_uses_its_summary():
     body = request(input=[{"type": "reasoning", "encrypted_content": None,
                            "summary": [{"type": "summary_text", "text": "sum"}]}])
-    assert api.to_messages(body)[1]["reasoning_content"] == "sum"
+    assert body_api.to_messages(body)[1]["reasoning_content"] == "sum"
 
 
 @pytest.mark.parametrize("token", ["tampered", sealing.base64.urlsafe_b64encode(b"\x01" * 60).decode()])
@@ -269,13 +270,13 @@ def test_an_encrypted_content_this_server_did_not_seal_is_a_400_naming_it(token)
     body = request(input=[{"type": "message", "role": "user", "content": "hi"},
                           {"type": "reasoning", "summary": [], "encrypted_content": token}])
     with pytest.raises(APIError) as exc:
-        api.to_messages(body)
+        body_api.to_messages(body)
     assert (exc.value.status, exc.value.param) == (400, "input[1].encrypted_content")
 
 
 def test_a_streamed_reasoning_item_is_sealed_once_and_sent_as_it_ends():
     body = request()
-    state = api.ResponseState(body, "m", api.constraints(body, None).use, USAGE, thinking=Thinking.OPEN)
+    state = api.ResponseState(body, "m", body_api.constraints(body, None).use, USAGE, thinking=Thinking.OPEN)
     events = [*state.pieces_events("Plan"), *state.pieces_events(".</think>Done."),
               *state.end_events()]
     done = [_parse(e) for e in events if b"response.output_item.done" in e][0]
@@ -293,19 +294,19 @@ ENV = {"type": "function", "name": "set_env", "description": "Set environment va
 @pytest.mark.parametrize("strict", [False, None])
 def test_a_tool_that_is_not_strict_may_use_keywords_the_grammar_cannot_enforce(strict):
     tool = {**ENV, "strict": strict} if strict is not None else ENV
-    [fn] = api.constraints(request(tools=[tool]), None).use.functions
+    [fn] = body_api.constraints(request(tools=[tool]), None).use.functions
     assert "propertyNames" not in json.dumps(fn.enforced)
     assert fn.parameters == ENV["parameters"]   # the model sees the whole schema
 
 
 def test_a_strict_tool_whose_schema_cannot_be_enforced_is_a_400_naming_its_parameters():
     with pytest.raises(APIError) as exc:
-        api.constraints(request(tools=[{**ENV, "strict": True}]), None)
+        body_api.constraints(request(tools=[{**ENV, "strict": True}]), None)
     assert exc.value.param == "tools[0].parameters" and "propertyNames" in exc.value.message
 
 
 def test_a_forced_call_is_held_to_what_the_grammar_can_enforce():
-    use = api.constraints(request(tools=[ENV], tool_choice="required"), None).use
+    use = body_api.constraints(request(tools=[ENV], tool_choice="required"), None).use
     assert accepts(use.grammar(), call("set_env", {"env": {"PATH": "/bin"}}))
     assert not accepts(use.grammar(), call("set_env", {"env": {"PATH": 1}}))
 
@@ -334,7 +335,7 @@ def test_a_call_that_breaks_a_strict_tools_schema_stays_text_as_written():
 @pytest.mark.parametrize("strict", [False, True])
 def test_a_streamed_call_that_breaks_its_schema_is_a_call_unless_the_tool_is_strict(strict):
     body = request(tools=[{**EXEC, "strict": strict}])
-    state = api.ResponseState(body, "m", api.constraints(body, None).use, USAGE)
+    state = api.ResponseState(body, "m", body_api.constraints(body, None).use, USAGE)
     events = [*state.pieces_events(call("exec_command", {"command": "ls"})), *state.end_events()]
     kinds = [_parse(e).type for e in events]
     assert ("response.function_call_arguments.done" in kinds) is not strict
@@ -352,7 +353,7 @@ def _parse(message: bytes):
 
 def test_streamed_custom_and_namespaced_calls_are_events_the_sdk_parses():
     body = request(parallel_tool_calls=True)
-    state = api.ResponseState(body, "m", api.constraints(body, None).use, USAGE)
+    state = api.ResponseState(body, "m", body_api.constraints(body, None).use, USAGE)
     text = call("apply_patch", {"input": "*** Begin Patch\n*** End Patch"}) + "\n" + \
         call("spawn_agent", {"message": "go"})
     events = [_parse(e) for e in [*state.pieces_events(text), *state.end_events()]]

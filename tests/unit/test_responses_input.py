@@ -8,14 +8,13 @@ from openai.types.responses import Response, ResponseStreamEvent
 
 from scheduler import FinishReason
 from server.http.errors import APIError
-from server.openai.responses_format import (
+from server.openai.responses_body import (
     ResponsesRequest,
-    ResponseState,
     constraints,
-    output_items,
     reject_unsupported,
     to_messages,
 )
+from server.openai.responses_format import ResponseState, output_items
 from server.openai.tool_fields import parse_tools, render_messages
 from server.service.generation import Usage
 from tests.grammar_bytes import accepts

@@ -7,7 +7,7 @@ from pydantic import ValidationError
 from server.api.embeddings import EmbeddingRequest
 from server.api.models import DetokenizeRequest, TokenizeRequest
 from server.openai.bodies import ChatCompletionRequest, CompletionRequest, find_lone_surrogate
-from server.openai.responses_format import ResponsesRequest
+from server.openai.responses_body import ResponsesRequest
 
 
 def completion(**fields):
@@ -125,7 +125,7 @@ from server.http.errors import APIError  # noqa: E402
 from server.main import app  # noqa: E402
 from server.openai.bodies import GenerateRequest  # noqa: E402
 from server.openai.fields import check_fields  # noqa: E402
-from server.openai.responses_format import reject_unsupported  # noqa: E402
+from server.openai.responses_body import reject_unsupported  # noqa: E402
 
 DOC = app.openapi()
 BODIES = {"/v1/chat/completions": "ChatCompletionRequest", "/v1/completions": "CompletionRequest",
