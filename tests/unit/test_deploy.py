@@ -140,9 +140,9 @@ def test_the_autoscaler_scales_on_the_adapters_name_for_waiting_requests():
         served.append(re.sub(rule["name"]["matches"],
                              rule["name"]["as"].replace("${1}", r"\1"), series))
     assert wanted in served
-    from server.metrics import PREFIX
+    from server.metrics_state import PREFIX
     assert PREFIX == "pagedllama:"
-    assert "\"num_requests_waiting\"" in (ROOT / "server" / "metrics.py").read_text()
+    assert "\"num_requests_waiting\"" in (ROOT / "server" / "metrics_state.py").read_text()
 
 
 def test_prometheus_scrapes_the_replicas_with_the_labels_the_adapter_needs():
