@@ -4,7 +4,7 @@ Numbers and booleans are strict: `"max_tokens": true`, `"max_tokens": "16"`, `"p
 and non-finite floats (`1e400`, `NaN`) are 400s, not coerced. Every string anywhere in a body
 must be valid Unicode: a lone surrogate (`"\\ud800"`, which JSON allows) cannot be encoded to
 UTF-8 for the tokenizer or echoed back, so it is a 400 naming where it was found. Every request
-body (here, and in server/openai/responses_format.py, server/api/embeddings.py,
+body (here, and in server/openai/responses_body.py, server/api/embeddings.py,
 server/api/models.py) derives from `Body`, which makes that check.
 
 Unknown fields are kept at run time (`extra="allow"`, model_extra) so that the route refuses
