@@ -13,9 +13,9 @@ LLAMA_CMAKE_ARGS ?= -DCMAKE_C_FLAGS='$(NO_AMX)' -DCMAKE_CXX_FLAGS='$(NO_AMX)'
 
 .PHONY: setup run test lint models shapes browser clean cluster image image-router image-run image-stop agents agents-install
 
-# make cluster: replicas on this machine behind sglang-router (docs/scaling-out.md)
+# make cluster: replicas on this machine behind HAProxy (docs/scaling-out.md)
 REPLICAS      ?= 2
-ROUTER_POLICY ?= cache_aware
+ROUTER_POLICY ?= session
 # make image / image-run / image-stop: the CPU image (docker/Dockerfile), podman or docker
 IMAGE         ?= localhost/pagedllama:cpu
 CONTAINER     ?= pagedllama
@@ -56,11 +56,13 @@ PAGEDLLAMA_CACHE_DIR ?= $(CURDIR)/.cache/prefix
 run: setup
 	PAGEDLLAMA_CACHE_DIR=$(PAGEDLLAMA_CACHE_DIR) $(BIN)/uvicorn server.main:app --host $(HOST) --port $(PORT) --no-access-log
 
-## cluster: REPLICAS replicas (cores split between them, ports PORT+1..) behind sglang-router
-## on $(HOST):$(PORT), in the foreground; Ctrl-C or SIGTERM stops them all. ROUTER_POLICY=round_robin compares;
-## ROUTER_POLICY=manual routes by the client's x-smg-routing-key header (one key, one replica).
+## cluster: REPLICAS replicas (cores split between them, ports PORT+1..) behind HAProxy on
+## $(HOST):$(PORT) (apt-get install haproxy), in the foreground; Ctrl-C or SIGTERM stops them
+## all. A session stays on one replica, other requests go to the least busy
+## (ROUTER_POLICY=least_conn or round_robin compare); one PAGEDLLAMA_CACHE_DIR for every replica
 cluster: setup
-	$(BIN)/python -m cluster --replicas $(REPLICAS) --policy $(ROUTER_POLICY) --port $(PORT) --host $(HOST)
+	$(BIN)/python -m cluster --replicas $(REPLICAS) --policy $(ROUTER_POLICY) --port $(PORT) --host $(HOST) \
+	  --cache-dir "$(PAGEDLLAMA_CACHE_DIR)"
 
 ## image: build the CPU image $(IMAGE) (from a local Debian-made base where no registry is in reach)
 image:

@@ -1,19 +1,11 @@
 """A cluster on this machine: N pagedllama replicas (cores split between them, ports of their
-own) and sglang-router in front of them on one port.
-
-Why sglang-router (docs/scaling-out.md, "The router: sglang-router"): it is a maintained Rust
-router on PyPI whose
-`cache_aware` policy keeps an approximate radix tree of the prompts it sent to each worker and
-sends a request to the worker with the longest match (above `cache_threshold`), falling back
-to the least loaded worker when the load is out of balance; it also has `round_robin`,
-`random` and `power_of_two`, and Kubernetes service discovery by pod label. Its `manual` policy
-routes by a key the client names in the `x-smg-routing-key` header (a system prompt's or a
-tenant's id): a known key goes to the worker it went to before, a new key here to the worker
-holding the fewest keys (`--assignment-mode min_group`), a request without one at random.
+own, one prefix-cache directory and one state dir shared by all) and HAProxy in front of them
+on one port (cluster/frontdoor.py says how it routes; docs/scaling-out.md says why HAProxy).
 """
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -22,26 +14,29 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cluster.cores import available_cores, split_cores
+from cluster.frontdoor import POLICIES, SERVED_BY_HEADER, FrontDoor, config
 from cluster.processes import spawn, stop, wait_http
 
 ROOT = Path(__file__).resolve().parent.parent
-POLICIES = ("cache_aware", "round_robin", "random", "power_of_two", "manual")
-ROUTING_KEY_HEADER = "x-smg-routing-key"   # what the manual policy routes by
+MAX_RESTARTS = 5                      # a replica that keeps exiting stops the cluster
+ROUTING_KEY_HEADER = "x-session-id"   # the header a client names its session in (any policy)
+__all__ = ["POLICIES", "ROUTING_KEY_HEADER", "SERVED_BY_HEADER", "Cluster", "ClusterSpec"]
 
 
 @dataclass
 class ClusterSpec:
     replicas: int = 2
-    policy: str = "cache_aware"
+    policy: str = "session"
     port: int = 8000
     host: str = "127.0.0.1"
     first_replica_port: int | None = None     # default: port + 1, port + 2, ...
-    metrics_port: int | None = None           # the router's Prometheus port (default: port + 1000)
+    metrics_port: int | None = None           # the router's /metrics and /ready (port + 1000)
     pin: bool = True                          # pin each replica to its cores
     replica_env: dict[str, str] = field(default_factory=dict)
     log_dir: Path | None = None
-    router_log_level: str = "warn"
-    router_args: list[str] = field(default_factory=list)   # more sglang-router flags
+    cache_dir: Path | None = None             # PAGEDLLAMA_CACHE_DIR of every replica (one dir)
+    state_dir: Path | None = None             # PAGEDLLAMA_STATE_DIR of every replica (one dir)
+    router_args: list[str] = field(default_factory=list)   # more haproxy command-line flags
 
     def replica_ports(self) -> list[int]:
         first = self.first_replica_port or self.port + 1
@@ -49,6 +44,10 @@ class ClusterSpec:
 
     def worker_urls(self) -> list[str]:
         return [f"http://127.0.0.1:{p}" for p in self.replica_ports()]
+
+    @property
+    def admin_port(self) -> int:
+        return self.metrics_port or self.port + 1000
 
     @property
     def url(self) -> str:
@@ -60,6 +59,7 @@ class Replica:
     url: str
     cores: list[int]
     proc: subprocess.Popen
+    restarts: int = 0
 
 
 def _bindable(port: int) -> bool:
@@ -90,22 +90,36 @@ def replica_command(port: int) -> list[str]:
 
 
 def replica_env(spec: ClusterSpec, cores: list[int]) -> dict[str, str]:
-    """One llama.cpp thread per core of the replica's share, unless the caller says otherwise."""
-    return {**os.environ, "PAGEDLLAMA_THREADS": str(len(cores)), **spec.replica_env}
+    """One llama.cpp thread per core of the replica's share, unless the caller says otherwise;
+    the same cache and state dirs for every replica."""
+    shared = {}
+    if spec.cache_dir is not None:
+        shared["PAGEDLLAMA_CACHE_DIR"] = str(spec.cache_dir)
+    if spec.state_dir is not None:
+        shared["PAGEDLLAMA_STATE_DIR"] = str(spec.state_dir)
+    return {**os.environ, "PAGEDLLAMA_THREADS": str(len(cores)), **shared, **spec.replica_env}
 
 
-def router_command(spec: ClusterSpec) -> list[str]:
+def front_door(spec: ClusterSpec, env: dict[str, str]) -> FrontDoor:
+    key = "PAGEDLLAMA_API_KEY" if env.get("PAGEDLLAMA_API_KEY") else None
+    return FrontDoor(bind=f"{spec.host}:{spec.port}", admin_bind=f"127.0.0.1:{spec.admin_port}",
+                     replicas=tuple(u.removeprefix("http://") for u in spec.worker_urls()),
+                     policy=spec.policy, api_key_env=key)
+
+
+def haproxy() -> str:
+    found = shutil.which("haproxy") or next(
+        (p for p in ("/usr/sbin/haproxy", "/usr/local/sbin/haproxy") if os.access(p, os.X_OK)),
+        None)
+    if found is None:
+        raise RuntimeError("the front door needs HAProxy 2.6 or newer: apt-get install haproxy")
+    return found
+
+
+def router_command(spec: ClusterSpec, config_file: Path) -> list[str]:
     if spec.policy not in POLICIES:
         raise ValueError(f"policy must be one of {', '.join(POLICIES)}")
-    metrics_port = spec.metrics_port or spec.port + 1000
-    extra = list(spec.router_args)
-    if spec.policy == "manual" and "--assignment-mode" not in extra:
-        extra += ["--assignment-mode", "min_group"]   # new keys spread evenly over the workers
-    return [sys.executable, "-m", "sglang_router.launch_router",
-            "--host", spec.host, "--port", str(spec.port),
-            "--worker-urls", *spec.worker_urls(), "--policy", spec.policy,
-            "--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics_port),
-            "--log-level", spec.router_log_level, *extra]
+    return [haproxy(), "-db", "-f", str(config_file), *spec.router_args]
 
 
 class Cluster:
@@ -129,18 +143,40 @@ class Cluster:
     def __exit__(self, *exc) -> None:
         self.stop()
 
+    def _spawn_replica(self, i: int, cores: list[int]) -> subprocess.Popen:
+        port = self.spec.replica_ports()[i]
+        return spawn(replica_command(port), replica_env(self.spec, cores),
+                     self.log_dir / f"replica-{i + 1}.log", cores if self.spec.pin else None,
+                     cwd=ROOT, append=True)
+
     def start(self, timeout: float = 180.0) -> None:
+        if self.spec.policy not in POLICIES:
+            raise ValueError(f"policy must be one of {', '.join(POLICIES)}")
+        self.log_dir.mkdir(parents=True, exist_ok=True)
         groups = split_cores(available_cores(), self.spec.replicas)
-        for i, (port, cores) in enumerate(zip(self.spec.replica_ports(), groups)):
-            proc = spawn(replica_command(port), replica_env(self.spec, cores),
-                         self.log_dir / f"replica-{i + 1}.log",
-                         cores if self.spec.pin else None, cwd=ROOT)
-            self.replicas.append(Replica(f"http://127.0.0.1:{port}", cores, proc))
+        for i, cores in enumerate(groups):
+            proc = self._spawn_replica(i, cores)
+            self.replicas.append(Replica(self.spec.worker_urls()[i], cores, proc))
         for i, r in enumerate(self.replicas):
             wait_http(f"{r.url}/health", r.proc, timeout, f"replica {i + 1} ({r.url})")
-        self.router = spawn(router_command(self.spec), dict(os.environ),
+        cfg = self.log_dir / "haproxy.cfg"
+        cfg.write_text(config(front_door(self.spec, dict(os.environ))))
+        self.router = spawn(router_command(self.spec, cfg), dict(os.environ),
                             self.log_dir / "router.log", cwd=ROOT)
-        wait_http(f"{self.spec.url}/readiness", self.router, 60.0, "the router")
+        wait_http(f"http://127.0.0.1:{self.spec.admin_port}/ready", self.router, 60.0,
+                  "the router")
+
+    def restart_exited(self) -> list[int]:
+        """Start again each replica that exited (the router takes it back once its health check
+        passes); the indices of those restarted. RuntimeError after MAX_RESTARTS of one."""
+        restarted = []
+        for i, r in enumerate(self.replicas):
+            if r.proc.poll() is not None:
+                if r.restarts >= MAX_RESTARTS:
+                    raise RuntimeError(f"replica {i + 1} exited {r.restarts + 1} times")
+                r.proc, r.restarts = self._spawn_replica(i, r.cores), r.restarts + 1
+                restarted.append(i)
+        return restarted
 
     def processes(self) -> list[subprocess.Popen]:
         return ([self.router] if self.router else []) + [r.proc for r in self.replicas]

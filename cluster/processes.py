@@ -27,10 +27,12 @@ def _child_setup(cores: list[int] | None):
 
 
 def spawn(cmd: list[str], env: dict[str, str], log: Path | None,
-          cores: list[int] | None = None, cwd: Path | None = None) -> subprocess.Popen:
+          cores: list[int] | None = None, cwd: Path | None = None,
+          append: bool = False) -> subprocess.Popen:
     """Its own session (a terminal's Ctrl-C reaches the launcher only, which stops the children
-    in order); output to `log`, or inherited when None."""
-    out = log.open("w") if log else None
+    in order); output to `log` (appended to with `append`: a restarted process), or inherited
+    when None."""
+    out = log.open("a" if append else "w") if log else None
     return subprocess.Popen(cmd, env=env, cwd=cwd, stdout=out,
                             stderr=subprocess.STDOUT if out else None, stdin=subprocess.DEVNULL,
                             start_new_session=True, preexec_fn=_child_setup(cores))

@@ -1,0 +1,128 @@
+"""The cluster's front door: HAProxy's configuration for N replicas on this machine.
+
+HAProxy forwards every route unchanged (the body as the client sent it; SSE and NDJSON stream
+through as they are written) and only chooses the replica (docs/scaling-out.md, "The front
+door: HAProxy"):
+
+- a request that names its session (a header the agent already sends, else a field of its JSON
+  body that HAProxy reads itself) goes by a consistent hash of that key: every request of a
+  session reaches the same replica while it is up;
+- a request without a session key goes to the replica with the fewest open requests
+  (`leastconn`);
+- the Batch API's routes (`/v1/files`, `/v1/batches`) go to the one replica that holds the batch
+  store: all replicas share one state dir, whose store one process opens at a time, and the
+  health check of that backend is a Batch API request, which only the holder answers with 200;
+- a replica that refuses connections or stops answering its health check is taken out, and a
+  request it could not take is sent to another replica.
+
+The Kubernetes manifest (deploy/kubernetes/router.yaml) holds the same rules, with the replicas
+found through DNS instead of listed.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# Where a session's key is read, first found wins: request headers, then JSON body fields.
+SESSION_HEADERS = ("x-claude-code-session-id", "x-session-id", "session_id", "conversation_id")
+SESSION_BODY_FIELDS = ("prompt_cache_key", "metadata.user_id", "safety_identifier", "user")
+SERVED_BY_HEADER = "x-pagedllama-replica"   # added to each answer: the replica that served it
+BATCH_PATHS = ("/v1/files", "/v1/batches")
+# A request body up to this size is read for a session key before the replica is chosen;
+# a larger one is forwarded the same, routed by its headers only.
+BODY_BUFFER = 1 << 20
+POLICIES = ("session", "least_conn", "round_robin")
+BALANCE = {"least_conn": "leastconn", "round_robin": "roundrobin"}
+
+
+@dataclass(frozen=True)
+class FrontDoor:
+    """What the configuration is made of: where it listens and the replicas behind it."""
+    bind: str                         # host:port of the API
+    admin_bind: str                   # host:port of /metrics (Prometheus) and /ready
+    replicas: tuple[str, ...]         # host:port of each replica
+    policy: str = "session"
+    api_key_env: str | None = None    # variable holding the replicas' API key, for health checks
+
+
+def session_rules() -> list[str]:
+    """`txn.session`: the first session key found in the headers, else in the JSON body."""
+    rules = []
+    for name in SESSION_HEADERS:
+        rules.append(f"http-request set-var(txn.session) req.hdr({name}) "
+                     f"if !{{ var(txn.session) -m found }} {{ req.hdr({name}) -m len gt 0 }}")
+    for field in SESSION_BODY_FIELDS:
+        query = f"req.body,json_query('$.{field}')"
+        rules.append(f"http-request set-var(txn.session) {query} "
+                     f"if !{{ var(txn.session) -m found }} METH_POST {{ {query} -m len gt 0 }}")
+    return rules
+
+
+def _servers(f: FrontDoor, check: str) -> list[str]:
+    return [f"    server replica-{i + 1} {addr} {check}" for i, addr in enumerate(f.replicas)]
+
+
+def _auth(f: FrontDoor) -> str:
+    return (f' hdr Authorization "Bearer ${{{f.api_key_env}}}"' if f.api_key_env else "")
+
+
+def config(f: FrontDoor) -> str:
+    if f.policy not in POLICIES:
+        raise ValueError(f"policy must be one of {', '.join(POLICIES)}")
+    # passive health: a connection refused or a reset counts at once (observe layer4), and
+    # active: /health every second (503 while a replica drains)
+    check = "check inter 1s fall 1 rise 2 observe layer4 error-limit 1 on-error mark-down"
+    health = ["    option httpchk", f"    http-check send meth GET uri /health{_auth(f)}",
+              "    http-check expect status 200"]
+    paths = " ".join(BATCH_PATHS)
+    keyed = "balance hash var(txn.session)" if f.policy == "session" else None
+    lines = [
+        "global",
+        f"    tune.bufsize {BODY_BUFFER + 16384}",
+        "    tune.maxrewrite 16384",
+        "    maxconn 2048",
+        "",
+        "defaults",
+        "    mode http",
+        "    timeout connect 2s",
+        "    timeout client 1h",
+        "    timeout server 1h",
+        "    timeout http-request 60s",
+        "    timeout queue 60s",
+        # a request a replica could not take (refused, reset before an answer, 503 while it
+        # drains) is sent again, to another replica
+        "    retries 2",
+        "    option redispatch 1",
+        "    retry-on conn-failure empty-response 503",
+        "    option http-buffer-request",
+        "",
+        "frontend api",
+        f"    bind {f.bind}",
+        *[f"    {r}" for r in session_rules()],
+        f"    use_backend batch if {{ path_beg {paths} }}",
+        *(["    use_backend sessions if { var(txn.session) -m found }"] if keyed else []),
+        "    default_backend pool",
+        "",
+        "frontend admin",
+        f"    bind {f.admin_bind}",
+        "    monitor-uri /ready",
+        "    monitor fail if { nbsrv(pool) lt 1 }",
+        "    http-request use-service prometheus-exporter if { path /metrics }",
+        "",
+        "backend pool",
+        f"    balance {BALANCE.get(f.policy, 'leastconn')}",
+        f"    http-response set-header {SERVED_BY_HEADER} %[srv_name]",
+        *health, *_servers(f, check),
+    ]
+    if keyed:
+        lines += ["", "backend sessions", f"    {keyed}", "    hash-type consistent",
+                  f"    http-response set-header {SERVED_BY_HEADER} %[srv_name]",
+                  *health, *_servers(f, check)]
+    # only the replica that holds the batch store answers this check with 200 (the others 503
+    # "batch_store_unavailable"), so the batch backend has one server up at a time
+    lines += ["", "backend batch", "    balance first",
+              f"    http-response set-header {SERVED_BY_HEADER} %[srv_name]",
+              "    option httpchk",
+              f"    http-check send meth GET uri /v1/batches?limit=1{_auth(f)}",
+              "    http-check expect status 200",
+              *_servers(f, "check inter 1s fall 1 rise 1")]
+    return "\n".join(lines) + "\n"
