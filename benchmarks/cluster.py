@@ -1,17 +1,17 @@
 """Routing policies in front of several replicas (`make cluster`): the shared-prefix workload
-through sglang-router to pagedllama replicas on this machine, a fresh cluster per policy;
+through the cluster's router (HAProxy) to pagedllama replicas on this machine, a fresh cluster per policy;
 throughput, TTFT, the prefix hit rate and the requests each replica served
 (docs/scaling-out.md has the figures).
 
     python -m benchmarks.cluster [--rounds 2] [--result-file results/cluster.json]
-    python -m benchmarks.cluster --policies manual,round_robin    # routing by a key
+    python -m benchmarks.cluster --policies session,least_conn    # by key, by load
     python -m benchmarks.cluster --scenario sessions [--kill-halfway]   # multi-turn sessions
 
-`manual` is sglang-router's routing by a key the client names (here each request's system
-prompt tag in the x-smg-routing-key header; in the sessions scenario the session's id).
-The sessions scenario (benchmarks/cluster_sessions.py): sessions of several turns with a
-context each, the replicas sharing one prefix-cache disk directory, optionally one replica
-killed halfway.
+`session` routes by a key the client names (here each request's system prompt tag in the
+x-session-id header; in the sessions scenario the session's id); `least_conn` and
+`round_robin` ignore it. The sessions scenario (benchmarks/cluster_sessions.py): sessions of
+several turns with a context each, the replicas sharing one prefix-cache disk directory,
+optionally one replica killed halfway.
 """
 from __future__ import annotations
 
@@ -42,23 +42,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add(p, "threads", threads={"default": 1, "help": "llama.cpp threads per replica"})
     p.add_argument("--scenario", choices=("shared-prefix", "sessions"), default="shared-prefix")
     p.add_argument("--policies", default=None,
-                   help="router policies, comma-separated, passed to cluster.launch as they "
-                        "are (default: cache_aware,round_robin; sessions: "
-                        "manual,cache_aware,round_robin)")
+                   help="front-door policies, comma-separated, passed to cluster.launch as they "
+                        "are (default: session,round_robin; sessions: "
+                        "session,least_conn,round_robin)")
     add(p, "num_prefixes", "shared_len", "num_prompts", "concurrency", "output_len",
         "request_rate", output_len=32,
         request_rate={"help": "requests a second, Poisson arrivals (default: inf, all at once, "
                               "at most --concurrency in flight)"})
     p.add_argument("--router-args", default="",
-                   help="more sglang-router flags, e.g. '--balance-abs-threshold 8'")
+                   help="more haproxy command-line flags")
     p.add_argument("--no-pin", action="store_true", help="do not pin replicas to their cores")
     add(p, "rounds", "seed", "quick", "request_timeout", "result_file",
         rounds={"help": "alternations of the policies"})
     cluster_sessions.add_arguments(p)
     args = p.parse_args(argv)
     if args.policies is None:
-        args.policies = ("manual,cache_aware,round_robin" if args.scenario == "sessions"
-                         else "cache_aware,round_robin")
+        args.policies = ("session,least_conn,round_robin" if args.scenario == "sessions"
+                         else "session,round_robin")
     if args.quick:
         args.num_prefixes, args.shared_len, args.num_prompts = 2, 150, 8
         args.concurrency, args.output_len = 4, 4
@@ -106,8 +106,8 @@ def conversations(args, seed: int) -> list[ds.Conversation]:
 
 async def _workload(url: str, model: str, args, seed: int, policy: str) -> dict:
     convs = conversations(args, seed)
-    # the manual policy routes by a key the client names: here the system prompt's tag
-    headers_for = ((lambda conv: {ROUTING_KEY_HEADER: conv.tag}) if policy == "manual" else None)
+    # the session policy routes by a key the client names: here the system prompt's tag
+    headers_for = ((lambda conv: {ROUTING_KEY_HEADER: conv.tag}) if policy == "session" else None)
     report, _ = await run_workload(url, CHAT, model, convs, max_concurrency=args.concurrency,
                                    request_rate=args.request_rate,
                                    output_len=args.output_len, ignore_eos=True, seed=seed,
@@ -170,7 +170,7 @@ def _median_of(runs: list[dict]) -> dict:
 
 
 def summary_table(summary: dict, args) -> str:
-    lines = [f"{args.replicas} replicas x {args.threads} thread(s) behind sglang-router; "
+    lines = [f"{args.replicas} replicas x {args.threads} thread(s) behind HAProxy; "
              f"{args.num_prefixes} x ~{args.shared_len}-token prefixes, {args.num_prompts} "
              f"requests, {args.concurrency} concurrent, {args.output_len} out; median of "
              f"{args.rounds} round(s)"
@@ -183,7 +183,7 @@ def summary_table(summary: dict, args) -> str:
                      f"{s['median_ttft_ms'] / 1000:>8.1f}s {s['p99_ttft_ms'] / 1000:>8.1f}s "
                      f"{s['prefix_hit_rate'] * 100:>7.0f}% {s['failed']:>6.0f}  "
                      f"{s['requests_per_replica']}")
-    for policy in ("cache_aware", "manual"):
+    for policy in ("session", "least_conn"):
         if {policy, "round_robin"} <= summary.keys():
             ratio = summary[policy]["output_throughput"] / summary["round_robin"]["output_throughput"]
             lines.append(f"{policy} / round_robin throughput: {ratio:.2f}x   (target >= 1.2x, "

@@ -5,8 +5,8 @@ router to the replicas, the replicas sharing one prefix-cache disk directory
 (PAGEDLLAMA_CACHE_DIR), a fresh cluster per policy.
 
 Every request names its session in the `X-Claude-Code-Session-Id` header (what Claude Code
-sends) and in the router's routing-key header, so a policy that routes by either keeps a
-session on one replica; `cache_aware` and `round_robin` ignore both. The policy string is
+sends) and in the front door's routing-key header, so the `session` policy keeps a session on
+one replica; `least_conn` and `round_robin` ignore both. The policy string is
 passed to cluster.launch as it is (a policy it does not know is reported as not run).
 
 With `--kill-halfway`, after half the turns one replica's process group gets SIGKILL: the turn

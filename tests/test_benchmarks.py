@@ -307,12 +307,12 @@ def test_compare_against_llama_server_tiny(tmp_path):
 
 def test_cluster_compares_routing_by_key_and_round_robin(tmp_path):
     out = tmp_path / "cluster.json"
-    # manual (routing by key) is the policy with code of its own here (each request's key in a
-    # header); cache_aware is only the router's flag, and test_cluster runs make cluster with it
-    proc = bench("cluster", "--quick", "--policies", "manual,round_robin",
+    # session (routing by key) is the policy with code of its own here (each request's key in a
+    # header); the others are only the router's setting
+    proc = bench("cluster", "--quick", "--policies", "session,round_robin",
                  "--result-file", str(out))
     r = json.loads(out.read_text())
-    assert set(r["summary"]) == {"round_robin", "manual"}
+    assert set(r["summary"]) == {"round_robin", "session"}
     for (run,) in r["runs"].values():
         assert run["completed"] + run["failed"] == run["sent"] == 8 and run["failed"] == 0
         assert sum(run["requests_per_replica"]) == 8
@@ -324,7 +324,7 @@ def test_cluster_compares_routing_by_key_and_round_robin(tmp_path):
         assert sum(run["decode_s_per_replica"]) > 0
         assert all(p >= 0 for p in run["step_python_s_per_replica"])
     assert r["runs"]["round_robin"][0]["requests_per_replica"] == [4, 4]
-    assert "manual / round_robin throughput" in proc.stdout
+    assert "session / round_robin throughput" in proc.stdout
 
 
 def test_paired_alternates_slices_and_reports_ratios(server_url, tmp_path):

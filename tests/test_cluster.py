@@ -1,5 +1,6 @@
-"""`make cluster`: two real replicas (tiny settings) behind the real sglang-router, through the
-Makefile target a user runs; answers checked against a replica asked directly."""
+"""`make cluster`: two real replicas (tiny settings) behind the real router (HAProxy), through
+the Makefile target a user runs; answers checked against a replica asked directly
+(tests/test_cluster_routes.py checks every route and the routing by session)."""
 from __future__ import annotations
 
 import contextlib
@@ -7,14 +8,13 @@ import os
 import signal
 import subprocess
 import time
-from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import httpx
 import psutil
 import pytest
 from openai import OpenAI
 
-from benchmarks.cluster import replica_counters
 from cluster.launch import ROUTING_KEY_HEADER, free_cluster_port
 from tests.server_proc import ROOT, SMOLLM2_NAME
 
@@ -29,7 +29,7 @@ def wait_ready(url: str, proc: subprocess.Popen, timeout: float = 180) -> None:
     while time.monotonic() < deadline:
         assert proc.poll() is None, f"make cluster exited:\n{proc.stdout.read()}"
         try:
-            if httpx.get(f"{url}/readiness", timeout=2).status_code == 200:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
                 return
         except httpx.HTTPError:
             pass
@@ -38,16 +38,17 @@ def wait_ready(url: str, proc: subprocess.Popen, timeout: float = 180) -> None:
 
 
 @contextlib.contextmanager
-def running_cluster(policy: str):
+def running_cluster(policy: str, dirs: Path):
     port = free_cluster_port(2)
+    shared = {"PAGEDLLAMA_CACHE_DIR": str(dirs / "prefix"), "PAGEDLLAMA_STATE_DIR": str(dirs)}
     proc = subprocess.Popen(
         ["make", "--no-print-directory", "cluster", "REPLICAS=2", f"ROUTER_POLICY={policy}",
          f"PORT={port}", "HOST=127.0.0.1"],
-        cwd=ROOT, env={**os.environ, **TINY}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        text=True, start_new_session=True)
+        cwd=ROOT, env={**os.environ, **TINY, **shared}, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
         wait_ready(f"http://127.0.0.1:{port}", proc)
-        yield {"port": port, "proc": proc, "url": f"http://127.0.0.1:{port}",
+        yield {"port": port, "proc": proc, "url": f"http://127.0.0.1:{port}", "dirs": shared,
                "replicas": [f"http://127.0.0.1:{port + 1}", f"http://127.0.0.1:{port + 2}"]}
     finally:
         if proc.poll() is None:
@@ -56,8 +57,8 @@ def running_cluster(policy: str):
 
 
 @pytest.fixture(scope="module")
-def cluster():
-    with running_cluster("cache_aware") as c:
+def cluster(tmp_path_factory):
+    with running_cluster("session", tmp_path_factory.mktemp("cluster")) as c:
         yield c
 
 
@@ -113,59 +114,25 @@ def test_a_completion_through_the_router_answers_the_question(cluster):
     assert "Paris" in out.choices[0].text
 
 
-def test_requests_sharing_a_prefix_stay_on_the_replica_that_cached_it(cluster):
+def test_requests_of_one_session_stay_on_the_replica_that_cached_its_prefix(cluster):
     cached = []
     for city in ("Lisbon", "Oslo", "Quito", "Hanoi"):
         out = client(cluster["url"]).chat.completions.create(
             model=SMOLLM2_NAME, max_tokens=4, temperature=0,
+            extra_headers={ROUTING_KEY_HEADER: "travel-agency"},
             messages=[{"role": "system", "content": SYSTEM},
                       {"role": "user", "content": f"Where is {city}?"}])
         cached.append(out.usage.prompt_tokens_details.cached_tokens)
-    # the first computes the shared system prompt; cache-aware routing sends the others to the
+    # the first computes the shared system prompt; the session's key sends the others to the
     # replica that holds it (round robin would send every other one to a cold replica)
     assert all(c >= 64 for c in cached[1:]), cached
 
 
-def _served(replicas: list[str]) -> list[float]:
-    return [c["pagedllama:request_success_total"] for c in replica_counters(replicas)]
-
-
-def _running(url: str) -> int:
-    ctxs = next(iter(httpx.get(f"{url}/health").json()["models"].values()))["contexts"]
-    return sum(c["running"] for c in ctxs)
-
-
-def test_the_manual_policy_keeps_each_routing_key_on_one_replica_and_spreads_the_keys():
-    """ROUTER_POLICY=manual: the client names the prefix (x-smg-routing-key); a key sticks to
-    the replica it first went to, and a new key arriving while the first is in flight goes to
-    the other replica (the one with fewer keys)."""
-    def ask_key(key: str, city: str, max_tokens: int = 4):
-        return client(c["url"]).chat.completions.create(
-            model=SMOLLM2_NAME, max_tokens=max_tokens, temperature=0,
-            extra_headers={ROUTING_KEY_HEADER: key}, extra_body={"ignore_eos": True},
-            messages=[{"role": "system", "content": SYSTEM},
-                      {"role": "user", "content": f"Where is {city}?"}])
-
-    with running_cluster("manual") as c, ThreadPoolExecutor(1) as pool:
-        replicas = c["replicas"]
-        long_a = pool.submit(ask_key, "tenant-a", "Lisbon", 256)   # in flight while b arrives
-        deadline = time.monotonic() + 60
-        while not any(running := [_running(r) for r in replicas]):
-            assert time.monotonic() < deadline and not long_a.done()
-            time.sleep(0.05)
-        a_replica = next(i for i, n in enumerate(running) if n)   # read in the same pass
-        before = _served(replicas)
-        for city in ("Oslo", "Quito", "Hanoi"):
-            assert ask_key("tenant-b", city).choices[0].finish_reason == "length"
-        b_served = [a - b for a, b in zip(_served(replicas), before)]
-        assert not long_a.done(), "the first request ended before the second key was placed"
-        assert long_a.result().usage.completion_tokens == 256
-        before = _served(replicas)
-        for city in ("Lima", "Accra"):
-            ask_key("tenant-a", city)
-        a_served = [a - b for a, b in zip(_served(replicas), before)]
-    assert b_served[1 - a_replica] == 3 and b_served[a_replica] == 0, (a_replica, b_served)
-    assert a_served[a_replica] == 2 and a_served[1 - a_replica] == 0, (a_replica, a_served)
+def test_every_replica_is_given_the_one_prefix_cache_dir_and_state_dir(cluster):
+    for url in cluster["replicas"]:
+        env = psutil.Process(server_pid(int(url.rsplit(":", 1)[1]))).environ()
+        assert env["PAGEDLLAMA_CACHE_DIR"] == cluster["dirs"]["PAGEDLLAMA_CACHE_DIR"]
+        assert env["PAGEDLLAMA_STATE_DIR"] == cluster["dirs"]["PAGEDLLAMA_STATE_DIR"]
 
 
 def test_each_replica_has_one_core_and_one_thread_with_the_governor_off(cluster):

@@ -1,11 +1,14 @@
 """How `make cluster` splits the cores and builds its commands (no process started)."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from cluster.__main__ import open_warning, parse_args
 from cluster.cores import split_cores
-from cluster.launch import ClusterSpec, replica_env, router_command
+from cluster.frontdoor import SESSION_HEADERS, config, session_rules
+from cluster.launch import ClusterSpec, front_door, replica_env
 
 
 def test_cores_are_split_into_disjoint_equal_groups():
@@ -28,26 +31,61 @@ def test_a_replica_gets_one_thread_per_core_unless_the_caller_sets_threads():
     assert replica_env(spec, [2, 3])["PAGEDLLAMA_THREADS"] == "1"
 
 
+def door(**kw) -> str:
+    spec = ClusterSpec(**kw)
+    return config(front_door(spec, {}))
+
+
+def section(cfg: str, backend: str) -> str:
+    return cfg.split(f"\nbackend {backend}\n")[1].split("\n\n")[0]
+
+
 def test_the_router_is_given_every_replica_and_the_policy():
-    cmd = router_command(ClusterSpec(replicas=3, policy="round_robin", port=9000))
-    urls = cmd[cmd.index("--worker-urls") + 1:cmd.index("--policy")]
-    assert urls == ["http://127.0.0.1:9001", "http://127.0.0.1:9002", "http://127.0.0.1:9003"]
-    assert cmd[cmd.index("--policy") + 1] == "round_robin"
-    assert cmd[cmd.index("--prometheus-port") + 1] == "10000"
+    cfg = door(replicas=3, policy="round_robin", port=9000)
+    for backend in ("pool", "batch"):
+        lines = section(cfg, backend).splitlines()
+        assert [ln.split()[2] for ln in lines if ln.strip().startswith("server")] \
+            == ["127.0.0.1:9001", "127.0.0.1:9002", "127.0.0.1:9003"]
+    assert "balance roundrobin" in cfg and "backend sessions" not in cfg
+    assert "bind 127.0.0.1:9000" in cfg and "bind 127.0.0.1:10000" in cfg
+
+
+def test_sessions_go_by_a_consistent_hash_of_their_key_and_the_rest_by_load():
+    cfg = door()
+    sessions = section(cfg, "sessions")
+    assert "balance hash var(txn.session)" in sessions and "hash-type consistent" in sessions
+    assert "balance leastconn" in section(cfg, "pool")
+    # headers first, in this order, then the body's fields
+    rules = session_rules()
+    assert "x-claude-code-session-id" in rules[0] and "json_query('$.prompt_cache_key')" in \
+        rules[len(SESSION_HEADERS)]
+    assert "json_query('$.metadata.user_id')" in cfg
+
+
+def test_the_batch_routes_go_to_the_replica_that_holds_the_store():
+    cfg = door()
+    assert "use_backend batch if { path_beg /v1/files /v1/batches }" in cfg
+    batch = section(cfg, "batch")
+    assert "balance first" in batch and "uri /v1/batches?limit=1" in batch
+
+
+def test_health_checks_carry_the_api_key_when_one_is_set():
+    spec = ClusterSpec()
+    cfg = config(front_door(spec, {"PAGEDLLAMA_API_KEY": "k"}))
+    assert 'hdr Authorization "Bearer ${PAGEDLLAMA_API_KEY}"' in cfg and "k\"" not in cfg
 
 
 def test_an_unknown_policy_is_refused():
     with pytest.raises(ValueError):
-        router_command(ClusterSpec(policy="fastest"))
+        door(policy="fastest")
 
 
-def test_the_manual_policy_spreads_new_routing_keys_evenly_unless_told_otherwise():
-    cmd = router_command(ClusterSpec(policy="manual"))
-    assert cmd[cmd.index("--assignment-mode") + 1] == "min_group"
-    cmd = router_command(ClusterSpec(policy="manual", router_args=["--assignment-mode", "min_load"]))
-    assert cmd.count("--assignment-mode") == 1
-    assert cmd[cmd.index("--assignment-mode") + 1] == "min_load"
-    assert "--assignment-mode" not in router_command(ClusterSpec(policy="cache_aware"))
+def test_every_replica_gets_the_one_cache_and_state_dir():
+    spec = ClusterSpec(cache_dir=Path("/c"), state_dir=Path("/s"))
+    envs = [replica_env(spec, [i]) for i in range(2)]
+    assert {e["PAGEDLLAMA_CACHE_DIR"] for e in envs} == {"/c"}
+    assert {e["PAGEDLLAMA_STATE_DIR"] for e in envs} == {"/s"}
+    assert parse_args(["--cache-dir", ""]).cache_dir is None     # PAGEDLLAMA_CACHE_DIR= : off
 
 
 def test_a_router_beyond_this_machine_without_a_key_is_warned_about():
