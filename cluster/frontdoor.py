@@ -23,7 +23,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 # Where a session's key is read, first found wins: request headers, then JSON body fields.
-SESSION_HEADERS = ("x-claude-code-session-id", "x-session-id", "session_id", "conversation_id")
+# Claude Code sends x-claude-code-session-id; Codex CLI session-id (older releases session_id
+# and conversation_id); opencode x-session-affinity and x-session-id; any other client can send
+# x-session-id.
+SESSION_HEADERS = ("x-claude-code-session-id", "session-id", "session_id", "conversation_id",
+                   "x-session-affinity", "x-session-id")
 SESSION_BODY_FIELDS = ("prompt_cache_key", "metadata.user_id", "safety_identifier", "user")
 SERVED_BY_HEADER = "x-pagedllama-replica"   # added to each answer: the replica that served it
 BATCH_PATHS = ("/v1/files", "/v1/batches")
