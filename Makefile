@@ -19,13 +19,13 @@ ROUTER_POLICY ?= session
 # make image / image-run / image-stop: the CPU image (docker/Dockerfile), podman or docker
 IMAGE         ?= localhost/pagedllama:cpu
 CONTAINER     ?= pagedllama
-ROUTER_IMAGE  ?= localhost/pagedllama-router:0.3.2
+ROUTER_IMAGE  ?= localhost/pagedllama-router:haproxy-2.6
 
 ## setup: create .venv, install the pinned requirements, fetch the default model (idempotent)
 setup: $(VENV)/.installed
 	@$(BIN)/python scripts/fetch_models.py
 
-$(VENV)/.installed: requirements.txt requirements-router.txt requirements-dev.txt requirements-instructor.txt \
+$(VENV)/.installed: requirements.txt requirements-dev.txt requirements-instructor.txt \
                    scripts/build_llama_cpp_python.sh $(wildcard scripts/patches/*.patch)
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	@echo ">> installing pinned requirements into $(VENV)."

@@ -15,11 +15,14 @@ door: HAProxy"):
 - a replica that refuses connections or stops answering its health check is taken out, and a
   request it could not take is sent to another replica.
 
-The Kubernetes manifest (deploy/kubernetes/router.yaml) holds the same rules, with the replicas
-found through DNS instead of listed.
+The same rules serve Kubernetes (deploy/kubernetes/router.yaml) and compose (docker/), with the
+replicas found through DNS instead of listed; `python -m cluster.frontdoor` writes those files
+and a test checks that they match.
 """
 from __future__ import annotations
 
+import argparse
+import sys
 from dataclasses import dataclass
 
 # Where a session's key is read, first found wins: request headers, then JSON body fields.
@@ -43,7 +46,10 @@ class FrontDoor:
     """What the configuration is made of: where it listens and the replicas behind it."""
     bind: str                         # host:port of the API
     admin_bind: str                   # host:port of /metrics (Prometheus) and /ready
-    replicas: tuple[str, ...]         # host:port of each replica
+    replicas: tuple[str, ...] = ()    # host:port of each replica, or
+    dns: str | None = None            # name:port whose DNS records are the replicas (headless)
+    slots: int = 16                   # the most replicas found through DNS
+    resolve: bool = False             # `replicas` are names: resolve them again as they change
     policy: str = "session"
     api_key_env: str | None = None    # variable holding the replicas' API key, for health checks
 
@@ -62,7 +68,19 @@ def session_rules() -> list[str]:
 
 
 def _servers(f: FrontDoor, check: str) -> list[str]:
-    return [f"    server replica-{i + 1} {addr} {check}" for i, addr in enumerate(f.replicas)]
+    if f.dns is not None:   # slots filled from DNS (re-read every few seconds), empty until then
+        return [f"    server-template replica- {f.slots} {f.dns} {check} resolvers dns "
+                "init-addr none resolve-prefer ipv4"]
+    names = " resolvers dns init-addr last,libc,none" if f.resolve else ""
+    return [f"    server replica-{i + 1} {addr} {check}{names}"
+            for i, addr in enumerate(f.replicas)]
+
+
+def _resolvers(f: FrontDoor) -> list[str]:
+    if f.dns is None and not f.resolve:
+        return []
+    return ["resolvers dns", "    parse-resolv-conf", "    hold valid 5s", "    hold nx 5s",
+            "    accepted_payload_size 8192", ""]
 
 
 def _auth(f: FrontDoor) -> str:
@@ -85,6 +103,7 @@ def config(f: FrontDoor) -> str:
         "    tune.maxrewrite 16384",
         "    maxconn 2048",
         "",
+        *_resolvers(f),
         "defaults",
         "    mode http",
         "    timeout connect 2s",
@@ -130,3 +149,29 @@ def config(f: FrontDoor) -> str:
               "    http-check expect status 200",
               *_servers(f, "check inter 1s fall 1 rise 1")]
     return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Print the configuration for replicas found by name (Kubernetes, compose)."""
+    p = argparse.ArgumentParser(prog="python -m cluster.frontdoor", description=main.__doc__)
+    where = p.add_mutually_exclusive_group(required=True)
+    where.add_argument("--dns", help="name:port whose DNS records are the replicas, e.g. a "
+                       "headless Service's pagedllama-replicas.pagedllama.svc.cluster.local:8000")
+    where.add_argument("--replicas", nargs="+", help="name:port of each replica")
+    p.add_argument("--slots", type=int, default=16)
+    p.add_argument("--bind", default="0.0.0.0:8000")
+    p.add_argument("--admin-bind", default="0.0.0.0:29000")
+    p.add_argument("--policy", choices=POLICIES, default="session")
+    p.add_argument("--api-key-env", default=None,
+                   help="the variable that holds the replicas' API key (health checks send it)")
+    a = p.parse_args(argv)
+    args = " ".join(argv if argv is not None else sys.argv[1:])
+    sys.stdout.write(f"# written by: python -m cluster.frontdoor {args}\n")
+    sys.stdout.write(config(FrontDoor(a.bind, a.admin_bind, replicas=tuple(a.replicas or ()),
+                                      dns=a.dns, slots=a.slots, resolve=a.replicas is not None,
+                                      policy=a.policy, api_key_env=a.api_key_env)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

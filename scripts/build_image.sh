@@ -2,7 +2,7 @@
 # Build the CPU image with podman or docker (whichever exists):
 #
 #   scripts/build_image.sh [IMAGE]       # IMAGE defaults to localhost/pagedllama:cpu
-#   DOCKERFILE=docker/Dockerfile.router scripts/build_image.sh localhost/pagedllama-router:0.3.2
+#   DOCKERFILE=docker/Dockerfile.router scripts/build_image.sh localhost/pagedllama-router:haproxy-2.6
 #
 # BASE_IMAGE (default python:3.11-slim) is the base; if it is neither present nor pullable
 # and was not asked for by name, a local base is made from Debian's packages

@@ -3,6 +3,8 @@
 ports, metric names, files) that no schema sees."""
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import re
 import shutil
@@ -13,6 +15,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from cluster.frontdoor import main as frontdoor_main
 from server.config import EdgeLimits
 from server.http.drain import LAST_EVENTS_SECONDS
 
@@ -38,9 +41,12 @@ def container(deployment: dict) -> dict:
     return deployment["spec"]["template"]["spec"]["containers"][0]
 
 
-def args_after(args: list[str], flag: str) -> str:
-    joined = [a for arg in args for a in (arg.split("=", 1) if arg.startswith("--") else [arg])]
-    return joined[joined.index(flag) + 1]
+def frontdoor_output(argv: list[str]) -> str:
+    """What `python -m cluster.frontdoor ARGV` prints."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        frontdoor_main(argv)
+    return out.getvalue()
 
 
 @pytest.mark.parametrize("doc", documents(), ids=lambda d: f"{d['kind']}/{d['metadata']['name']}")
@@ -103,23 +109,32 @@ def test_the_disruption_budget_covers_the_replica_pods():
     assert pdb["spec"]["selector"]["matchLabels"].items() <= labels.items()
 
 
-def test_the_router_discovers_the_replica_pods_by_label_and_port():
-    args = container(find("Deployment", "pagedllama-router"))["args"]
+def test_the_router_config_is_the_one_the_launcher_writes_for_the_replicas_service():
+    held = find("ConfigMap", "pagedllama-router")["data"]["haproxy.cfg"]
+    command = held.splitlines()[0].removeprefix("# written by: python -m cluster.frontdoor ")
+    assert held == frontdoor_output(command.split()), "regenerate it (command in router.yaml)"
+    svc = find("Service", "pagedllama-replicas")
+    assert svc["spec"]["clusterIP"] == "None"       # headless: one DNS record per ready pod
+    name = f"{svc['metadata']['name']}.{svc['metadata']['namespace']}.svc.cluster.local"
+    assert f"{name}:{svc['spec']['ports'][0]['port']}" in held
     replica = find("Deployment", "pagedllama")["spec"]["template"]
-    key, value = args_after(args, "--selector").split("=")
-    assert replica["metadata"]["labels"][key] == value
-    assert args_after(args, "--service-discovery-namespace") == "pagedllama"
-    ports = [p["containerPort"] for p in replica["spec"]["containers"][0]["ports"]]
-    assert int(args_after(args, "--service-discovery-port")) in ports
-    assert args_after(args, "--policy") == "cache_aware"
+    assert svc["spec"]["selector"].items() <= replica["metadata"]["labels"].items()
+    router = find("Deployment", "pagedllama-router")["spec"]["template"]["spec"]
+    mount = router["containers"][0]["volumeMounts"][0]["mountPath"]
+    assert router["containers"][0]["args"] == ["-f", f"{mount}/haproxy.cfg"]
+    assert router["volumes"][0]["configMap"]["name"] == "pagedllama-router"
 
 
-def test_the_router_may_watch_pods():
-    rules = find("Role", "pagedllama-router")["rules"]
-    assert any("pods" in r["resources"] and {"list", "watch"} <= set(r["verbs"]) for r in rules)
-    binding = find("RoleBinding", "pagedllama-router")
-    account = find("Deployment", "pagedllama-router")["spec"]["template"]["spec"]
-    assert binding["subjects"][0]["name"] == account["serviceAccountName"]
+def test_every_replica_mounts_the_shared_volume_for_its_cache_and_state_dirs():
+    pod = find("Deployment", "pagedllama")["spec"]["template"]["spec"]
+    env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
+    mount = next(m for m in pod["containers"][0]["volumeMounts"] if m["name"] == "shared")
+    assert env["PAGEDLLAMA_CACHE_DIR"].startswith(mount["mountPath"] + "/")
+    assert env["PAGEDLLAMA_STATE_DIR"].startswith(mount["mountPath"] + "/")
+    claim = next(v for v in pod["volumes"] if v["name"] == "shared")["persistentVolumeClaim"]
+    pvc = find("PersistentVolumeClaim", claim["claimName"])
+    assert pvc["spec"]["accessModes"] == ["ReadWriteMany"]
+    assert pod["securityContext"]["fsGroup"] == pod["securityContext"]["runAsUser"]
 
 
 def test_the_service_in_front_selects_the_router():
@@ -163,16 +178,21 @@ def test_the_grafana_configmap_holds_the_dashboard_from_docker():
 def test_compose_puts_the_router_in_front_of_both_replicas():
     compose = yaml.safe_load((DOCKER / "compose.yaml").read_text())
     services = compose["services"]
-    command = services["router"]["command"]
-    urls = command[command.index("--worker-urls") + 1:][:2]
-    assert urls == ["http://replica-1:8000", "http://replica-2:8000"]
+    mount = services["router"]["volumes"][0].split(":")
+    held = (DOCKER / mount[0]).read_text()
+    command = held.splitlines()[0].removeprefix("# written by: python -m cluster.frontdoor ")
+    assert held == frontdoor_output(command.split())
+    assert "replica-1:8000 replica-2:8000" in command
     assert {"replica-1", "replica-2", "router", "prometheus", "grafana"} <= services.keys()
+    for name in ("replica-1", "replica-2"):   # one shared volume for the cache and the store
+        assert services[name]["volumes"] == ["shared:/var/lib/pagedllama"]
 
 
 def test_compose_mounts_and_builds_only_files_that_exist():
     compose = yaml.safe_load((DOCKER / "compose.yaml").read_text())
     for service in compose["services"].values():
         for volume in service.get("volumes", []):
-            assert (DOCKER / volume.split(":")[0]).exists(), volume
+            source = volume.split(":")[0]
+            assert source in compose.get("volumes", {}) or (DOCKER / source).exists(), volume
         if "build" in service:
             assert (DOCKER / service["build"]["context"] / service["build"]["dockerfile"]).exists()
