@@ -1,4 +1,5 @@
-"""Several pagedllama replicas on this machine behind a cache-aware router (sglang-router).
+"""Several pagedllama replicas on this machine behind one front door (HAProxy) that keeps each
+session on one replica.
 
-`python -m cluster --replicas 2 --policy cache_aware --port 8000` (what `make cluster` runs).
+`python -m cluster --replicas 2 --policy session --port 8000` (what `make cluster` runs).
 """

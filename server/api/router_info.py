@@ -1,4 +1,5 @@
-"""What a router in front of several replicas asks each of them (sglang-router's names):
+"""What some routers in front of several replicas ask each of them (sglang-router's and smg's
+names; `make cluster`'s HAProxy reads /health only):
 
 - GET /server_info (and its older name /get_server_info): `served_model_name`, which the router
   uses as the worker's model id, plus batch limits. Served only when the server serves exactly

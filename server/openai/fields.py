@@ -36,8 +36,9 @@ UNSUPPORTED_COMPLETION = frozenset({"suffix", "best_of"})
 # OpenAPI schema declares each field with these values).
 NEUTRAL: dict[str, tuple] = {"best_of": (None, 1)}
 
-# sglang-router (make cluster) forwards requests re-serialized from its own request type, with
-# SGLang's extension fields at their defaults; at those values they ask for nothing.
+# sglang-router and smg (routers some put in front of replicas) forward requests re-serialized
+# from their own request type, with SGLang's extension fields at their defaults; at those values
+# they ask for nothing.
 NEUTRAL.update({
     "no_stop_trim": (False,), "skip_special_tokens": (True,),
     "spaces_between_special_tokens": (True,), "separate_reasoning": (True,),
