@@ -249,3 +249,22 @@ def test_a_killed_replica_is_routed_around_and_its_session_continues(cluster):
     while _claude_turn(cluster, "survivor") != home:
         assert time.monotonic() < deadline
         time.sleep(0.5)
+
+
+def test_the_batch_store_moves_to_another_replica_when_its_holder_dies(cluster):
+    sdk = oai(cluster)
+    raw = sdk.files.with_raw_response.create(file=("in.jsonl", b'{"custom_id": "a"}\n'),
+                                             purpose="batch")
+    uploaded, holder = raw.parse(), served_by(raw)
+    victim = cluster.replicas[int(holder.rsplit("-", 1)[1]) - 1]
+    os.kill(victim.proc.pid, signal.SIGKILL)
+    victim.proc.wait(timeout=10)
+    deadline = time.monotonic() + 15    # the next health check opens the store elsewhere
+    while (resp := httpx.get(f"{cluster.spec.url}/v1/files/{uploaded.id}")).status_code != 200:
+        assert resp.status_code == 503 and time.monotonic() < deadline, resp.text
+        time.sleep(0.25)
+    assert served_by(resp) != holder and resp.json()["filename"] == "in.jsonl"
+    assert cluster.restart_exited() == [cluster.replicas.index(victim)]
+    wait_http(f"{victim.url}/health", victim.proc, 120, "the restarted replica")
+    for _ in range(3):   # the one that came back finds the store held and stays out of it
+        assert served_by(httpx.get(f"{cluster.spec.url}/v1/files")) != holder
