@@ -87,68 +87,58 @@ def _auth(f: FrontDoor) -> str:
     return (f' hdr Authorization "Bearer ${{{f.api_key_env}}}"' if f.api_key_env else "")
 
 
+CHECK = "check inter 1s fall 1 rise 2 observe layer4 error-limit 1 on-error mark-down"
+DEFAULTS = [
+    "defaults",
+    "    mode http",
+    "    timeout connect 2s",
+    "    timeout client 1h",
+    "    timeout server 1h",
+    "    timeout http-request 60s",
+    "    timeout queue 60s",
+    # a request a replica could not take (refused, reset before an answer, 503 while it
+    # drains) is sent again, to another replica
+    "    retries 2",
+    "    option redispatch 1",
+    "    retry-on conn-failure empty-response 503",
+    "    option http-buffer-request",
+    ""]
+
+
+def _frontends(f: FrontDoor) -> list[str]:
+    keyed = ["    use_backend sessions if { var(txn.session) -m found }"]
+    return ["frontend api", f"    bind {f.bind}", *[f"    {r}" for r in session_rules()],
+            f"    use_backend batch if {{ path_beg {' '.join(BATCH_PATHS)} }}",
+            *(keyed if f.policy == "session" else []), "    default_backend pool", "",
+            "frontend admin", f"    bind {f.admin_bind}", "    monitor-uri /ready",
+            "    monitor fail if { nbsrv(pool) lt 1 }",
+            "    http-request use-service prometheus-exporter if { path /metrics }", ""]
+
+
+def _backend(f: FrontDoor, name: str, balance: list[str], check_uri: str, check: str) -> list[str]:
+    return [f"backend {name}", *[f"    {b}" for b in balance],
+            f"    http-response set-header {SERVED_BY_HEADER} %[srv_name]",
+            "    option httpchk", f"    http-check send meth GET uri {check_uri}{_auth(f)}",
+            "    http-check expect status 200", *_servers(f, check), ""]
+
+
 def config(f: FrontDoor) -> str:
     if f.policy not in POLICIES:
         raise ValueError(f"policy must be one of {', '.join(POLICIES)}")
-    # passive health: a connection refused or a reset counts at once (observe layer4), and
-    # active: /health every second (503 while a replica drains)
-    check = "check inter 1s fall 1 rise 2 observe layer4 error-limit 1 on-error mark-down"
-    health = ["    option httpchk", f"    http-check send meth GET uri /health{_auth(f)}",
-              "    http-check expect status 200"]
-    paths = " ".join(BATCH_PATHS)
-    keyed = "balance hash var(txn.session)" if f.policy == "session" else None
-    lines = [
-        "global",
-        f"    tune.bufsize {BODY_BUFFER + 16384}",
-        "    tune.maxrewrite 16384",
-        "    maxconn 2048",
-        "",
-        *_resolvers(f),
-        "defaults",
-        "    mode http",
-        "    timeout connect 2s",
-        "    timeout client 1h",
-        "    timeout server 1h",
-        "    timeout http-request 60s",
-        "    timeout queue 60s",
-        # a request a replica could not take (refused, reset before an answer, 503 while it
-        # drains) is sent again, to another replica
-        "    retries 2",
-        "    option redispatch 1",
-        "    retry-on conn-failure empty-response 503",
-        "    option http-buffer-request",
-        "",
-        "frontend api",
-        f"    bind {f.bind}",
-        *[f"    {r}" for r in session_rules()],
-        f"    use_backend batch if {{ path_beg {paths} }}",
-        *(["    use_backend sessions if { var(txn.session) -m found }"] if keyed else []),
-        "    default_backend pool",
-        "",
-        "frontend admin",
-        f"    bind {f.admin_bind}",
-        "    monitor-uri /ready",
-        "    monitor fail if { nbsrv(pool) lt 1 }",
-        "    http-request use-service prometheus-exporter if { path /metrics }",
-        "",
-        "backend pool",
-        f"    balance {BALANCE.get(f.policy, 'leastconn')}",
-        f"    http-response set-header {SERVED_BY_HEADER} %[srv_name]",
-        *health, *_servers(f, check),
-    ]
-    if keyed:
-        lines += ["", "backend sessions", f"    {keyed}", "    hash-type consistent",
-                  f"    http-response set-header {SERVED_BY_HEADER} %[srv_name]",
-                  *health, *_servers(f, check)]
+    lines = ["global", f"    tune.bufsize {BODY_BUFFER + 16384}", "    tune.maxrewrite 16384",
+             "    maxconn 2048", "", *_resolvers(f), *DEFAULTS, *_frontends(f)]
+    # passive health: a connection refused or reset counts at once (observe layer4); active:
+    # /health every second (503 while a replica drains)
+    lines += _backend(f, "pool", [f"balance {BALANCE.get(f.policy, 'leastconn')}"], "/health",
+                      CHECK)
+    if f.policy == "session":
+        lines += _backend(f, "sessions", ["balance hash var(txn.session)",
+                                          "hash-type consistent"], "/health", CHECK)
     # only the replica that holds the batch store answers this check with 200 (the others 503
     # "batch_store_unavailable"), so the batch backend has one server up at a time
-    lines += ["", "backend batch", "    balance first",
-              f"    http-response set-header {SERVED_BY_HEADER} %[srv_name]",
-              "    option httpchk",
-              f"    http-check send meth GET uri /v1/batches?limit=1{_auth(f)}",
-              "    http-check expect status 200",
-              *_servers(f, "check inter 1s fall 1 rise 1")]
-    return "\n".join(lines) + "\n"
+    lines += _backend(f, "batch", ["balance first"], "/v1/batches?limit=1",
+                      "check inter 1s fall 1 rise 1")
+    return "\n".join(lines).rstrip("\n") + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
