@@ -11,7 +11,7 @@ SUDO   := $(if $(filter 0,$(shell id -u)),,sudo)
 NO_AMX := -mno-amx-tile -mno-amx-int8 -mno-amx-bf16
 LLAMA_CMAKE_ARGS ?= -DCMAKE_C_FLAGS='$(NO_AMX)' -DCMAKE_CXX_FLAGS='$(NO_AMX)'
 
-.PHONY: setup run test lint models shapes browser clean cluster image image-router image-run image-stop agents agents-install
+.PHONY: setup run test lint models shapes browser haproxy clean cluster image image-router image-run image-stop agents agents-install
 
 # make cluster: replicas on this machine behind HAProxy (docs/scaling-out.md)
 REPLICAS      ?= 2
@@ -60,7 +60,7 @@ run: setup
 ## $(HOST):$(PORT) (apt-get install haproxy), in the foreground; Ctrl-C or SIGTERM stops them
 ## all. A session stays on one replica, other requests go to the least busy
 ## (ROUTER_POLICY=least_conn or round_robin compare); one PAGEDLLAMA_CACHE_DIR for every replica
-cluster: setup
+cluster: setup haproxy
 	$(BIN)/python -m cluster --replicas $(REPLICAS) --policy $(ROUTER_POLICY) --port $(PORT) --host $(HOST) \
 	  --cache-dir "$(PAGEDLLAMA_CACHE_DIR)"
 
@@ -98,8 +98,15 @@ browser:
 	  $(SUDO) apt-get update && \
 	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y chromium chromium-driver; }
 
-## test: the whole test suite (real model, real HTTP server, headless Chromium)
-test: models browser
+## haproxy: the cluster's front door (Debian package; needs root)
+haproxy:
+	@command -v haproxy >/dev/null || { \
+	  echo ">> installing haproxy (apt-get)"; \
+	  $(SUDO) apt-get update && \
+	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y haproxy; }
+
+## test: the whole test suite (real model, real HTTP server, headless Chromium, HAProxy)
+test: models browser haproxy
 	$(BIN)/python -m pytest
 
 ## lint: ruff (lint and import order) over the tree, mypy over kvcache/, scheduler/ and engine/
