@@ -254,10 +254,15 @@ class Worker:
             log.exception("engine %s: saving prefixes to the cache tiers failed", self.name)
 
     def _wait_for_work(self) -> None:
-        # a copy that fits the step target is made at once: a request arriving meanwhile waits
-        # no longer than a stream waits beside a step (scheduler/save_pacing.py)
-        while self.manager.unsaved and not self.inbox and self._save_paced(0.0):
-            pass
+        # with a disk tier, a copy that fits the step target is made at once (on disk it
+        # outlives this process, and a replica killed a moment later loses no turn): a request
+        # arriving meanwhile waits no longer than a stream waits beside a step
+        # (scheduler/save_pacing.py). With RAM only it waits for the idle moment below, and the
+        # next turn, which usually finds its prefix in the streams anyway, never waits for it.
+        tiers = self.context.tiers
+        if tiers is not None and tiers.store.disk_writable:
+            while self.manager.unsaved and not self.inbox and self._save_paced(0.0):
+                pass
         if self.manager.unsaved:   # saved once the context has been idle a moment: an agent's
             self.lease.pause()     # next request, which continues the last one, comes sooner
             self._publish()
