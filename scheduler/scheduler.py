@@ -4,12 +4,16 @@ Each step it plans one batch within a token budget: one decode token for every r
 that is generating, then prompt chunks for sequences still prefilling, then admits waiting
 sequences while sequence slots, seq ids, KV blocks and budget last. It thinks in "tokens computed
 so far": a running sequence needs tokens[num_computed:], and a decode is just one pending token.
+The queues, and every move of a sequence between them (opening, preemption, forks, aborts), are
+scheduler/queues.py's (`Queues`, which `Scheduler` extends); what a step plans, the values the
+engine reads, scheduler/plan.py's (`Chunk`, `StepPlan`).
 
 Invariants the engine's exactness rests on (docs/prefix-cache.md, "Exact answers"): the
 engine's kernels compute the same numbers for any cut of a prompt into pieces of 2 or more
 tokens, and other numbers for a token computed as a piece of its own. So a prompt piece may span
 any number of grid cells, but a prompt never leaves a 1-token piece where a cold run has none
-(`_max_reuse`, `_merged_end`): a cached answer is then bitwise the cold answer.
+(`_max_reuse`, in scheduler/queues.py; `_merged_end`): a cached answer is then bitwise the cold
+answer.
 
 How many prompt tokens a step takes (docs/scheduling.md): while nothing decodes, the whole
 budget; while sequences decode, as many as fit the step's target time beside the decode tokens
@@ -26,11 +30,8 @@ wave_batch_tokens, the step takes them all, whole: their streams decode in step 
 together, and their clients' next requests come back together as the next wave (the worker
 waits a moment for them: engine/gather.py).
 
-n > 1 is one prefill and a fork: the choices after the first wait (pending forks, never admitted
-by themselves) while the first computes the prompt; then `fork` starts each from a copy of its
-KV, to sample from the same logits. Admission counts a sequence's pending forks as slots and
-promises blocks for them. A fork that finds no room, or whose first ended before forking,
-becomes an ordinary waiting sequence that computes the prompt itself.
+n > 1 is one prefill and a fork (scheduler/queues.py): pending forks are never admitted by
+themselves; the engine forks them (`fork`) once the first has computed the prompt.
 
 Background work (priority BACKGROUND: Batch API lines) comes after everything else in the
 policy's order, whatever the policy: it is admitted last, preempted first, and a waiting
@@ -52,40 +53,14 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
 
-from kvcache import BlockManager, KVOp
+from kvcache import BlockManager
 from scheduler.costs import StepCosts, StepWatch
+from scheduler.plan import Chunk, StepPlan
 from scheduler.policy import Policy
-from scheduler.sequence import BACKGROUND, FinishReason, Preemption, Sequence, Status
+from scheduler.queues import Queues
+from scheduler.sequence import Preemption, Sequence, Status
 from scheduler.speculation import Candidate, choose
-
-
-@dataclass
-class Chunk:
-    seq: Sequence
-    start: int
-    end: int
-    claims: list[int] = field(default_factory=list)   # block hashes this chunk computes first
-    drafted: int = 0    # drafted tokens at its end, to verify (the sequence's draft)
-
-    @property
-    def wants_logits(self) -> bool:
-        return self.end >= len(self.seq.tokens)
-
-    @property
-    def num_logits(self) -> int:
-        """How many of the chunk's last tokens need logits: the last, to sample from; every
-        token of a prompt chunk whose prompt logprobs were asked for (echo with logprobs); every
-        token of a verification piece (the sequence's last token and its drafted ones)."""
-        if self.drafted or (self.seq.prompt_logits and self.start < self.seq.num_prompt):
-            return self.end - self.start
-        return int(self.wants_logits)
-
-    @property
-    def tokens(self) -> list[int]:
-        return self.seq.piece(self.start, self.end)
-
 
 # While background work runs alone and cannot be stopped, a step's prompt tokens fit this many
 # seconds (module doc).
@@ -104,29 +79,9 @@ FEW_DECODING = 4
 FINISH_PIECE = 128
 
 
-@dataclass
-class StepPlan:
-    chunks: list[Chunk] = field(default_factory=list)
-    ops: list[KVOp] = field(default_factory=list)
-    preempted: list[Sequence] = field(default_factory=list)   # taken off the context this step
-    allowance: int | None = None   # prompt tokens this step may take (None: the budget decides)
-    finish_within: int = 0         # a prompt with at most this many tokens left may finish now
-    finishing: int = 0             # prompt tokens planned that way, outside the allowance
-    budget: int = 0                # tokens this step may take in all (set by schedule)
-    wave: bool = False             # a wave step: every prompt that wants computing, whole
-    draft_s: float = 0.0           # the decoding calls' predicted seconds where drafts verify
-    background: bool = False       # background work alone: a client's request may stop it
+class Scheduler(Queues):
+    """Plans each step of one context over its queues (module doc)."""
 
-    @property
-    def num_tokens(self) -> int:
-        return sum(c.end - c.start for c in self.chunks)
-
-    @property
-    def num_prompt_tokens(self) -> int:
-        return sum(c.end - c.start for c in self.chunks if not c.seq.is_decoding)
-
-
-class Scheduler:
     def __init__(self, manager: BlockManager, policy: Policy, *, max_seqs: int = 16,
                  max_batch_tokens: int = 256, preemption: Preemption | str = Preemption.SWAP,
                  wave_batch_tokens: int = 0, step_target_s: float = 0.0,
@@ -138,14 +93,9 @@ class Scheduler:
         if max_batch_tokens < max_seqs + manager.prefill_chunk:
             raise ValueError(f"max_batch_tokens ({max_batch_tokens}) must be at least max_seqs "
                              f"({max_seqs}) + prefill chunk ({manager.prefill_chunk})")
-        if preemption not in set(Preemption):
-            raise ValueError("preemption must be 'swap' or 'recompute'")
-        self.manager, self.policy = manager, policy
-        self.max_seqs, self.max_batch_tokens = max_seqs, max_batch_tokens
-        self.preemption = Preemption(preemption)
-        # swap preemption keeps at most this many tokens of KV in RAM (None: no bound); a
-        # sequence that would go past it is preempted by recompute instead
-        self.max_swapped_tokens, self.swapped_tokens = max_swapped_tokens, 0
+        super().__init__(manager, policy, max_seqs=max_seqs, preemption=preemption,
+                         max_swapped_tokens=max_swapped_tokens)
+        self.max_batch_tokens = max_batch_tokens
         self.wave_batch_tokens, self.wave_ratio = wave_batch_tokens, wave_ratio   # module doc
         # prompt tokens beside decoding streams by the time a step may take (0: one cell each)
         self.step_target_s, self.costs = step_target_s, StepCosts()
@@ -157,76 +107,12 @@ class Scheduler:
         self.few_decoding, self.finish_piece = few_decoding, finish_piece
         self.max_draft = max_draft   # drafted tokens a sequence may verify in a step (0: none)
         self.draft_always = draft_always   # every draft verified whole (tests, measurements)
-        self.waiting: list[Sequence] = []
-        self.running: list[Sequence] = []
-        self.inflight: dict[int, Sequence] = {}   # block hash -> sequence computing it now
-        self.expired: list[Sequence] = []         # ended by their deadline, to be reported
         self.lending: dict[Sequence, set[Sequence]] = {}   # prompt done -> prompts it waits on
-        self.num_preemptions = 0
         self.paused = False   # background sequences wait this step (module doc)
         # a client's request stops a step of background work alone (module doc): such steps
         # need not be short
         self.background_stops = background_stops
         self.foreground_at = -math.inf   # when a client's request last ran or waited
-
-    def order(self, seq: Sequence) -> tuple:
-        """The policy's key, background work last (module doc)."""
-        return (seq.priority >= BACKGROUND, *self.policy.key(seq))
-
-    # ---- queue ----------------------------------------------------------------------------------
-    def add(self, seq: Sequence) -> None:
-        seq.status = Status.WAITING
-        self.waiting.append(seq)
-
-    def has_work(self) -> bool:
-        return bool(self.waiting or self.running)
-
-    def abort(self, seq: Sequence, reason: FinishReason = FinishReason.ABORT) -> None:
-        """End a sequence wherever it is: waiting, swapped out, prefilling or decoding."""
-        if seq.status is Status.FINISHED:
-            return
-        if seq.fork_of is not None:
-            seq.fork_of.forks.remove(seq)
-            seq.fork_of = None
-        if seq in self.waiting:
-            self.waiting.remove(seq)
-            if seq.saved_key is not None:
-                self.manager.drop_saved(seq.saved_key)
-                seq.saved_key = None
-                self.swapped_tokens -= seq.num_computed
-        self.finish(seq, reason)
-
-    def finish(self, seq: Sequence, reason: FinishReason) -> None:
-        if seq in self.running:
-            self.running.remove(seq)
-        if seq.alloc is not None:
-            self.manager.free(seq.allocated)
-            seq.alloc = None
-        for fork in seq.forks:   # ended before its prompt was computed: they start on their own
-            fork.fork_of = None
-        seq.forks = []
-        seq.status, seq.finish_reason = Status.FINISHED, reason
-
-    def fork(self, parent: Sequence) -> list[Sequence]:
-        """Start parent's pending forks from a copy of its computed prompt (call when the
-        prompt's last chunk was decoded, before sampling it). Returns the forks started; one
-        that finds no seq id or blocks stays waiting as an ordinary sequence."""
-        started = []
-        for child in parent.forks:
-            child.fork_of = None
-            alloc = self.manager.fork(parent.allocated, parent.tokens, parent.num_computed,
-                                      len(child.tokens) + 1)
-            if alloc is None:
-                continue
-            self.waiting.remove(child)
-            child.alloc, child.num_computed = alloc, parent.num_computed
-            child.num_cached_tokens = parent.num_cached_tokens
-            child.status = Status.RUNNING
-            child.first_scheduled_time = parent.first_scheduled_time
-            self.running.append(child)
-            started.append(child)
-        parent.forks = []
-        return started
 
     # ---- planning -------------------------------------------------------------------------------
     def background_waits(self) -> bool:
@@ -323,11 +209,6 @@ class Scheduler:
         first m, m = 1, 2, ... (scheduler/speculation.py)."""
         seq.draft, seq.draft_rate, seq.draft_gains = tokens, rate, gains
 
-    def take_expired(self) -> list[Sequence]:
-        """The sequences their deadline ended since the last call (each reported once)."""
-        expired, self.expired = self.expired, []
-        return expired
-
     def accept_draft(self, seq: Sequence, drafted: int, accepted: int) -> None:
         """The model checked the `drafted` tokens a sequence verified and accepted the first
         `accepted` of them (the engine appended them to its tokens, with the model's own next
@@ -337,11 +218,6 @@ class Scheduler:
         if accepted < drafted:
             self.manager.rollback(seq.allocated, seq.num_computed)
         self.manager.commit(seq.allocated, seq.tokens, seq.num_computed)
-
-    def preempt_one(self) -> None:
-        """Preempt the policy's victim (llama_decode found no KV slot after all)."""
-        if self.running:
-            self._preempt(max(self.running, key=self.order), StepPlan())
 
     def is_wave(self, decoding: int, arriving: int = 0) -> bool:
         """Whether the prompts that want computing (and `arriving` more) make a wave beside
@@ -418,13 +294,6 @@ class Scheduler:
             return True
         return bool(self.waiting) and self._slots_used() < self.max_seqs
 
-    def _promised_blocks(self) -> int:
-        """Blocks the running sequences were promised (for all their tokens and one more, and
-        their pending forks) beyond those they hold."""
-        return sum(self.manager.blocks_for(len(s.tokens) + 1) - len(s.allocated.blocks)
-                   + self.manager.fork_blocks(len(s.tokens)) * len(s.forks)
-                   for s in self.running)
-
     def _prefill_allowance(self, plan: StepPlan) -> int | None:
         """Prompt tokens this step may take once its decode tokens are planned (module doc)."""
         wanting = {s for s in self.running
@@ -492,14 +361,6 @@ class Scheduler:
             return n
         return max(end, limit // chunk * chunk)
 
-    def _max_reuse(self, seq: Sequence) -> int:
-        """How many leading tokens may come from the prefix cache: all but two, unless a cold run
-        computes the last token alone (n % C == 1), then all but that one (it must be computed
-        for its logits). A 1-token piece computes other numbers than the same token inside a
-        longer piece, so a hit must not leave one where a cold run has none."""
-        n = len(seq.tokens)
-        return n - 1 if n % self.manager.prefill_chunk == 1 else n - 2
-
     def _claims(self, seq: Sequence, start: int, end: int) -> list[int] | None:
         """Hashes of the full blocks in [start, end) this sequence would compute first, or None
         when another running sequence is computing one of them now (then ride on its work)."""
@@ -561,24 +422,6 @@ class Scheduler:
                 return h in self.inflight
         return False
 
-    def _hashes(self, seq: Sequence) -> list[int]:
-        """A sequence's chained block hashes, computed once (a recompute preemption clears them)."""
-        if seq.hashes is None:
-            seq.hashes = self.manager.hashes(seq.tokens)
-        return seq.hashes
-
-    def _slots_used(self) -> int:
-        return sum(s.num_slots for s in self.running)
-
-    def _preempt_for(self, seq: Sequence, plan: StepPlan) -> bool:
-        """Preempt the policy's victim so that seq may start; False when the policy says no."""
-        victim = max(self.running, key=self.order) if self.running else None
-        if victim is None or not (self.policy.preempts_for(seq, victim)
-                                  or (victim.background and not seq.background)):
-            return False
-        self._preempt(victim, plan)
-        return True
-
     def _start(self, seq: Sequence, plan: StepPlan) -> bool:
         """Run an admitted sequence. False when planning it preempted it again."""
         seq.status = Status.RUNNING
@@ -588,69 +431,6 @@ class Scheduler:
         else:
             self._plan_prefill(seq, plan)
         return seq.status is Status.RUNNING
-
-    def _open(self, seq: Sequence) -> bool:
-        """Open seq if blocks for all its tokens and one more fit beside what each running
-        sequence was promised on the same terms: then its next chunk never preempts anyone."""
-        promised = self._promised_blocks()
-        promised += self.manager.fork_blocks(len(seq.tokens)) * len(seq.forks)
-        if seq.saved_key is not None:
-            alloc = self.manager.open_for_restore(seq.saved_key, seq.tokens[:seq.num_computed],
-                                                  len(seq.tokens) + 1, extra_blocks=promised)
-            if alloc is None:
-                return False
-            seq.saved_key, seq.alloc = None, alloc
-            self.swapped_tokens -= seq.num_computed
-            return True
-        max_reuse = 0 if seq.prompt_logits else self._max_reuse(seq)
-        alloc = self.manager.open(seq.tokens, max_reuse, len(seq.tokens) + 1,
-                                  hashes=self._hashes(seq), extra_blocks=promised)
-        if alloc is None:
-            return False
-        seq.alloc, seq.num_computed = alloc, alloc.num_cached
-        seq.num_cached_tokens, seq.cached_tier = alloc.num_cached, alloc.tier
-        return True
-
-    def _preempt(self, seq: Sequence, plan: StepPlan) -> None:
-        """Take a running sequence off the context: swap its state to RAM or drop it (recompute)."""
-        self._unplan(seq, plan)
-        if self.preemption is Preemption.SWAP and seq.num_computed > 0 and (
-                self.max_swapped_tokens is None
-                or self.swapped_tokens + seq.num_computed <= self.max_swapped_tokens):
-            seq.saved_key = self.manager.save(seq.allocated)
-            self.swapped_tokens += seq.num_computed
-        else:
-            seq.num_computed, seq.hashes = 0, None
-        self._requeue(seq)
-        seq.num_preemptions += 1
-        self.num_preemptions += 1
-        plan.preempted.append(seq)
-
-    def reopen(self, seq_ids: list[int], plan: StepPlan) -> None:
-        """The engine could not read the snapshots these sequences were loading (a file gone or
-        damaged since it was found: kvcache/snapshots/). They, and any sequence that shared the
-        blocks they loaded, leave this step's plan and wait to be opened again, as if never
-        opened (BlockManager.unload): the next step opens them from what is left."""
-        victims = self.manager.unload(seq_ids)
-        for seq in [s for s in self.running if s.alloc is not None and s.alloc.seq_id in victims]:
-            self._unplan(seq, plan)
-            seq.num_computed = 0
-            self._requeue(seq)
-
-    def _unplan(self, seq: Sequence, plan: StepPlan) -> None:
-        """A running sequence leaves the running set and this step's plan."""
-        for chunk in [c for c in plan.chunks if c.seq is seq]:
-            plan.chunks.remove(chunk)
-            self._release_claims(chunk.claims, seq)
-        self.running.remove(seq)
-        seq.draft = []
-
-    def _requeue(self, seq: Sequence) -> None:
-        """Free a sequence taken off the context (no snapshot: it comes back) and queue it."""
-        self.manager.free(seq.allocated, snapshot=False)
-        seq.alloc = None
-        seq.status = Status.WAITING
-        self.waiting.append(seq)
 
     def stopped(self, chunks: list[Chunk]) -> None:
         """These chunks' decode was stopped part-way (a step of background work alone, stopped
@@ -663,13 +443,3 @@ class Scheduler:
             if chunk.drafted:
                 chunk.seq.draft = []
 
-    def _release_claims(self, claims: list[int], seq: Sequence) -> None:
-        for h in claims:
-            if self.inflight.get(h) is seq:
-                del self.inflight[h]
-
-    def _expire(self, now: float) -> None:
-        for seq in [s for s in self.waiting + self.running
-                    if s.deadline is not None and s.deadline <= now]:
-            self.abort(seq, FinishReason.TIMEOUT)
-            self.expired.append(seq)
