@@ -16,7 +16,7 @@ from openai import OpenAI
 
 from engine import EngineConfig
 from server.config import ModelSpec
-from server.service.catalog import spec_estimate
+from server.service.loading import spec_estimate
 from tests.server_proc import GEMMA3, SMOLLM2, server_process
 
 SETTINGS = {"context_size": 512, "sequences": 4}   # small caches: quick loads

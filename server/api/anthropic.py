@@ -28,9 +28,9 @@ from server.chat.answer import AnswerStream, constrain_after_thinking, thinking_
 from server.http.client import HTTPClient
 from server.http.openapi import ANTHROPIC_ERROR_RESPONSES, MESSAGES_STREAMED
 from server.http.sse import EventStream
-from server.service.catalog import LoadedModel
 from server.service.client import Client
 from server.service.generation import Collected, Final, Generation, Usage, error_status
+from server.service.loading import LoadedModel
 from server.service.service import IGNORED_TOOLS_HEADER, Service
 
 router = APIRouter(prefix="/v1", responses=ANTHROPIC_ERROR_RESPONSES)

@@ -28,9 +28,9 @@ from server.openai.completion_format import Kind, OpenAIFormat, sse, usage
 from server.openai.fields import UNSUPPORTED_CHAT, UNSUPPORTED_COMPLETION, check_fields, unsupported
 from server.openai.structured import grammar_for
 from server.openai.tool_fields import parse_tools
-from server.service.catalog import LoadedModel
 from server.service.client import Client
 from server.service.generation import Generation, error_status
+from server.service.loading import LoadedModel
 from server.service.service import Service
 
 router = APIRouter(prefix="/v1", responses=ERROR_RESPONSES)

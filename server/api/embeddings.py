@@ -20,8 +20,8 @@ from server.http.errors import APIError
 from server.http.openapi import ERROR_RESPONSES
 from server.openai.bodies import Body, Int, KeepAlive
 from server.openai.fields import check_fields
-from server.service.catalog import LoadedModel
 from server.service.client import Client
+from server.service.loading import LoadedModel
 from server.service.service import Service
 
 router = APIRouter(prefix="/v1", responses=ERROR_RESPONSES)

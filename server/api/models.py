@@ -16,7 +16,8 @@ from server.http.errors import APIError
 from server.http.openapi import ERROR_RESPONSES, UNLOAD
 from server.openai.bodies import Body, Bool, Int
 from server.openai.fields import check_fields
-from server.service.catalog import Entry, LoadedModel, State
+from server.service.catalog import Entry, State
+from server.service.loading import LoadedModel
 from server.service.service import Service
 
 router = APIRouter(responses=ERROR_RESPONSES)

@@ -51,9 +51,10 @@ from server.ollama.shape import (
 )
 from server.openai.structured import schema_grammar
 from server.openai.tool_fields import parse_tools
-from server.service.catalog import Entry, LoadedModel, Models, State
+from server.service.catalog import Entry, Models, State
 from server.service.client import Client
 from server.service.generation import Final, Generation
+from server.service.loading import LoadedModel
 from server.service.request import Blame, GenerationRequest
 from server.service.service import Service
 

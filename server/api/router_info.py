@@ -17,7 +17,7 @@ from fastapi import APIRouter
 from fastapi import Request as HTTPRequest
 from fastapi.responses import JSONResponse
 
-from server.service.catalog import LoadedModel
+from server.service.loading import LoadedModel
 from server.service.service import Service
 
 router = APIRouter(include_in_schema=False)

@@ -21,10 +21,9 @@ Invariants:
   client keeps the lease (server/service/client.py; server/http/client.py releases an HTTP
   request's when the answer has been sent), streaming included.
 
-A loaded model: weights, tokenizer and chat template loaded once, its contexts (workers) started,
-its embedding context made on first use (counted against the budget then). A context's threads
-come from a CoreBudget shared by every context when there are several (elastic threads,
-engine/threads.py).
+The loading and unloading themselves (the llama.cpp work: weights, contexts, chat template,
+embedding context), and what a model file says before it loads (its header, its context cap,
+its memory estimate), are server/service/loading.py's (`ModelLoader`, `LoadedModel`).
 """
 from __future__ import annotations
 
@@ -35,22 +34,17 @@ import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from enum import StrEnum
-from types import SimpleNamespace
 
 import psutil
 
-from engine import ChatTemplate, Model, Observer, Worker
-from engine.embedding import Embedder
-from engine.gguf_info import GGUFHeader, gguf_facts, k_quant_file_type, read_header
-from engine.memory import MemoryEstimate, MiB, ModelShape, estimate
-from engine.model import gpu_offload_supported
-from engine.threads import CoreBudget
+from engine import ChatTemplate, Observer
+from engine.memory import MemoryEstimate, MiB
 from kvcache import PrefixStore
-from server.config import ModelSpec, Settings, total_threads, usable_cores
+from server.config import ModelSpec, Settings
 from server.errors import APIError
-from server.service.prompts import TokenBound
+from server.service.loading import LoadedModel, ModelLoader, cap_context, spec_estimate, spec_header
 
 log = logging.getLogger("pagedllama.models")
 
@@ -61,45 +55,6 @@ REAP_EVERY_S = 1.0     # how often idle models are checked against their keep_al
 def rss() -> int:
     return psutil.Process(os.getpid()).memory_info().rss
 
-
-@dataclass
-class LoadedModel:
-    spec: ModelSpec
-    model: Model
-    workers: list[Worker]
-    facts: dict
-    template: ChatTemplate | None
-    embedder: Embedder   # its own llama.cpp context, created on the first /v1/embeddings
-    bound: TokenBound    # a lower bound on a text's tokens, before tokenizing it
-    created: int = field(default_factory=lambda: int(time.time()))
-    preparing: int = 0   # requests rendering / tokenizing their prompt now
-    embed_executor: ThreadPoolExecutor = field(
-        default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="embed"))
-
-    @property
-    def name(self) -> str:
-        return self.spec.name
-
-    @property
-    def max_seq_len(self) -> int:
-        return min(w.max_seq_len for w in self.workers)
-
-    @property
-    def tool_format(self) -> str | None:
-        """How tools reach the prompt (server/chat/tool_calls.py): "template" when the chat template
-        renders them itself, "fallback" when they are described in the system message."""
-        if self.template is None:
-            return None
-        return "template" if self.template.knows_tools else "fallback"
-
-    @property
-    def capacity(self) -> int:
-        """Requests admitted at once (running + queued) before new ones get 429."""
-        return sum(w.config.max_seqs + w.config.max_queue for w in self.workers)
-
-    @property
-    def in_flight(self) -> int:
-        return self.preparing + sum(w.outstanding for w in self.workers)
 
 
 class State(StrEnum):
@@ -183,13 +138,11 @@ class Models:
         self.settings, self.observer = settings, observer
         self.budget = settings.memory_budget
         self.load_timeout = settings.load_timeout
-        self.core_budget = core_budget(settings)
         self.entries: dict[str, Entry] = {}
         for spec in settings.models:
             self.entries[spec.name] = self._entry(spec)
         # loads and unloads, one at a time, in the order decided (module doc)
         self.executor = ThreadPoolExecutor(1, thread_name_prefix="model-load")
-        self._shared: dict[str, tuple[Model, int]] = {}   # file -> (Model, entries using it)
         self.events: deque[LifecycleEvent] = deque(maxlen=64)
         self.base_rss = rss()     # the process without models (set again by start)
         self._reaper: asyncio.Task | None = None
@@ -204,6 +157,7 @@ class Models:
                                                if cache.ram else "what the budget leaves"),
                  self.tiers.disk_note if cache.disk_dir is None
                  else f"{self.tiers.disk_note}, up to {_mib(cache.disk)}", cache.min_tokens)
+        self.loader = ModelLoader(settings, observer, self.tiers)   # works on self.executor
 
     def _cache_room(self) -> int:
         """Bytes the RAM tier may hold now: what the loaded models leave of the budget (and at
@@ -213,7 +167,7 @@ class Models:
         return room if cap is None else min(cap, room)
 
     def _entry(self, spec: ModelSpec) -> Entry:
-        header = _header(spec)
+        header = spec_header(spec)
         cap_context(spec, header, self.settings.beyond_trained)
         facts, est = spec_estimate(spec, header)
         entry = Entry(spec, facts, est, keep_alive=spec.keep_alive)
@@ -477,34 +431,7 @@ class Models:
     # ---- on the load thread ---------------------------------------------------------------------
     def _load_sync(self, entry: Entry, reason: str) -> LoadedModel:
         spec, t0, before = entry.spec, time.perf_counter(), rss()
-        key = str(spec.path.resolve())
-        model, users = self._shared.get(key, (None, 0))
-        workers: list[Worker] = []
-        try:
-            if model is None:
-                model = Model(spec.path, spec.gpu_layers, self.settings.repack_weights)
-            self._shared[key] = (model, users + 1)
-            bound = TokenBound(model.byte_weights())
-            workers = [Worker(f"{spec.name}/{i}", model, spec.engine, self.observer,
-                              publish_prefixes=spec.contexts > 1,   # for the router
-                              budget=self.core_budget, tiers=self.tiers)
-                       for i in range(spec.contexts)]
-            template = None
-            source = (spec.chat_template.read_text() if spec.chat_template is not None
-                      else model.chat_template)   # the models file's chat_template wins
-            if source:
-                template = ChatTemplate(source, model.token_text(model.bos_id),
-                                        model.token_text(model.eos_id))
-        except Exception:
-            for w in workers:
-                w.context.close()
-            self._drop_model(key)
-            raise
-        embedder = Embedder(model, spec.engine.embed_ctx, spec.engine.n_threads)
-        lm = LoadedModel(spec, model, workers, entry.facts, template, embedder, bound)
-        for w in workers:
-            w.gather.incoming = lambda lm=lm: lm.preparing   # a burst starts in one step
-            w.start()
+        lm = self.loader.load(spec, entry.facts)
         seconds, delta = time.perf_counter() - t0, rss() - before
         entry.measured, entry.loads = delta, entry.loads + 1
         entry.load_seconds, entry.load_seconds_total = seconds, entry.load_seconds_total + seconds
@@ -517,7 +444,7 @@ class Models:
                  spec.engine.n_ctx, spec.engine.max_seqs,
                  spec.engine.cache_seqs if spec.engine.prefix_caching else 0,
                  "unified" if spec.engine.kv_unified else "split", spec.engine.kv_type,
-                 "flash" if workers[0].config.flash_attn else "plain",
+                 "flash" if lm.workers[0].config.flash_attn else "plain",
                  lm.tool_format or "none (no chat template)",
                  f", chat template from {spec.chat_template}" if spec.chat_template else "")
         return lm
@@ -526,11 +453,7 @@ class Models:
         if lm is None:
             return
         t0, before = time.perf_counter(), rss()
-        for w in lm.workers:
-            w.stop()
-        lm.embed_executor.shutdown(wait=True, cancel_futures=True)
-        lm.embedder.close()
-        self._drop_model(str(lm.spec.path.resolve()))
+        self.loader.unload(lm)
         seconds, delta = time.perf_counter() - t0, rss() - before
         kind = unload_kind(reason)
         entry.unloads[kind] = entry.unloads.get(kind, 0) + 1
@@ -539,68 +462,6 @@ class Models:
                                           delta))
         log.info("unloaded %s (%s) in %.2f s: process memory %+.0f MiB (now %s)", entry.name,
                  reason, seconds, delta / MiB, _mib(rss()))
-
-    def _drop_model(self, key: str) -> None:
-        model, users = self._shared.get(key, (None, 0))
-        if model is None:
-            return
-        if users <= 1:
-            del self._shared[key]
-            model.close()
-        else:
-            self._shared[key] = (model, users - 1)
-
-
-def _header(spec: ModelSpec) -> GGUFHeader:
-    try:
-        return read_header(spec.path)
-    except (OSError, ValueError) as exc:
-        raise ValueError(f"model {spec.name!r}: {exc}") from None
-
-
-def cap_context(spec: ModelSpec, header: GGUFHeader, beyond: bool) -> None:
-    """A context per sequence beyond what the model was trained on is capped there, as
-    llama-server caps a slot (answers past it degrade), unless PAGEDLLAMA_N_CTX_BEYOND_TRAINED
-    allows it (RoPE-scaled use, protocol tests with long prompts on a small model)."""
-    arch = header.metadata.get("general.architecture")
-    try:
-        trained = int(header.metadata[f"{arch}.context_length"])
-    except (KeyError, TypeError, ValueError):
-        return
-    if trained <= 0 or spec.engine.n_ctx <= trained:
-        return
-    if beyond:
-        log.warning("%s: n_ctx %d is beyond the %d tokens the model was trained on "
-                    "(PAGEDLLAMA_N_CTX_BEYOND_TRAINED): answers past %d may degrade",
-                    spec.name, spec.engine.n_ctx, trained, trained)
-        return
-    log.warning("%s: n_ctx %d capped at %d, the context the model was trained on "
-                "(PAGEDLLAMA_N_CTX_BEYOND_TRAINED=1 allows more)", spec.name, spec.engine.n_ctx,
-                trained)
-    spec.engine = replace(spec.engine, n_ctx=trained)
-
-
-def spec_estimate(spec: ModelSpec,
-                  header: GGUFHeader | None = None) -> tuple[dict, MemoryEstimate]:
-    """A catalogued model's GGUF facts and memory estimate, from its header and settings."""
-    header = header or _header(spec)
-    on_gpu = bool(spec.gpu_layers != 0 and gpu_offload_supported())
-    kind = SimpleNamespace(on_gpu=on_gpu, has_k_quants=k_quant_file_type(
-        header.metadata.get("general.file_type")))
-    config = spec.engine.resolved_for(kind)
-    return (gguf_facts(spec.path, header),
-            estimate(ModelShape.of(header), config.memory_shape(), spec.contexts))
-
-
-def core_budget(settings: Settings) -> CoreBudget | None:
-    """Elastic threads: with several contexts (of one model or several) and a CPU build, a
-    context that computes alone uses the idle ones' threads too (engine/threads.py); never more
-    threads at once than there are cores."""
-    specs = settings.models
-    if (not settings.elastic_threads or sum(s.contexts for s in specs) < 2
-            or any(s.gpu_layers for s in specs)):
-        return None
-    return CoreBudget(min(total_threads(specs), usable_cores()))
 
 
 def unload_kind(reason: str) -> str:

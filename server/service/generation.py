@@ -18,8 +18,8 @@ from engine import ErrorKind, Event, Request, Worker
 from engine.logprobs import TokenLogprob
 from scheduler import FinishReason
 from server.errors import APIError
-from server.service.catalog import LoadedModel
 from server.service.client import Client
+from server.service.loading import LoadedModel
 
 log = logging.getLogger("pagedllama.request")
 SHUTDOWN = FinishReason.ABORT   # the finish reason of a request a drain ended (ErrorKind.SHUTDOWN)

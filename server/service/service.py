@@ -13,9 +13,10 @@ from engine import ChatTemplateError, Observer, QueueFull, Request, SamplingPara
 from server.chat.tool_calls import ToolUse, prompt_input
 from server.config import Settings
 from server.errors import APIError
-from server.service.catalog import LoadedModel, Models
+from server.service.catalog import Models
 from server.service.client import Client
 from server.service.generation import Generation, Part, Running
+from server.service.loading import LoadedModel
 from server.service.prompts import PromptPool
 from server.service.request import GenerationRequest
 from server.service.routing import Affinity

@@ -7,7 +7,7 @@ import pytest
 from engine import ChatTemplate, EngineConfig
 from engine.gguf_info import read_header
 from server.config import ModelSpec, chat_template_path
-from server.service.catalog import cap_context
+from server.service.loading import cap_context
 from tests.server_proc import SMOLLM2
 
 
