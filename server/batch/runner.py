@@ -1,6 +1,8 @@
 """The Batch API's runner: it validates new batches, runs their lines through the routes' own
 code at background priority, records each line, and ends each batch (output and error files),
-with everything durable in the store (server/batch/store.py).
+with everything durable in the store (server/batch/store.py). What the routes ask of it at once
+(files, a new batch, a cancel, the counts) is server/batch/access.py's (`BatchAccess`, which
+`BatchRunner` extends); its records of the batches it works on, server/batch/lines.py's.
 
 **Background priority.** A batch line is a request like any other (the same service path, so
 it shares cached prefixes), submitted at the lowest priority (`BATCH_PRIORITY`, the scheduler's
@@ -36,20 +38,19 @@ import json
 import logging
 import math
 import time
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Awaitable, Callable
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
-from functools import partial
 from typing import Protocol
 
 from scheduler.sequence import BACKGROUND
 from server.batch import shapes
-from server.batch.store import ACTIVE, StorageError, Store
+from server.batch.access import BatchAccess
+from server.batch.lines import Active, Line, LineClient
+from server.batch.store import StorageError
 from server.config import BatchSettings
 from server.errors import APIError, error_body
-from server.service.catalog import Entry, Lease
-from server.service.client import Client, Releasable
+from server.service.catalog import Entry
+from server.service.client import Client
 from server.service.service import Service
 
 log = logging.getLogger("pagedllama.batch")
@@ -71,135 +72,22 @@ class Draining(Protocol):
     draining: bool
 
 
-class LineClient:
-    """The client a batch line runs for (server/service/client.py): the route's path, the
-    model leases it takes (held until the line ends, as an HTTP client's are held until its
-    answer is sent), "disconnected" once the line is cancelled, and its batch and line in the
-    request log."""
-
-    def __init__(self, path: str, tag: str):
-        self.path, self.tag = path, tag
-        self.leases: list[Releasable] = []
-        self.logged = False       # the service wrote the line's request log line
-        self._gone = False
-
-    async def is_disconnected(self) -> bool:
-        return self._gone
-
-    def hold(self, lease: Releasable) -> None:
-        self.leases.append(lease)
-
-    def log_name(self) -> str:
-        return f"POST {self.path}"
-
-    def log_notes(self) -> str:
-        self.logged = True
-        return f" batch={self.tag}"
-
-    def cancel(self) -> None:
-        self._gone = True
-
-    def holds(self, entry: Entry) -> int:
-        return sum(1 for lease in self.leases
-                   if isinstance(lease, Lease) and lease.held and lease.entry is entry)
-
-    def release(self) -> None:
-        for lease in self.leases:
-            lease.release()
-
-
-@dataclass(eq=False)
-class Line:
-    idx: int
-    custom_id: str
-    request: str
-    model: str | None
-    client: LineClient | None = None
-    task: asyncio.Task | None = None
-
-
-@dataclass(eq=False)
-class Active:
-    """A batch not yet ended, as the runner works on it."""
-    row: dict
-    left: int = 0                        # lines not yet done
-    queue: deque[Line] = field(default_factory=deque)   # pending lines fetched, in order
-    after: int = 0                       # the last line number fetched from the store
-    exhausted: bool = False              # every pending line has been fetched
-    running: dict[int, Line] = field(default_factory=dict)
-    ending: str | None = None            # "cancelled", "expired": stop, then finalize so
-    busy: asyncio.Task | None = None     # its validation or finalization, under way
-
-    @property
-    def id(self) -> str:
-        return self.row["id"]
-
-    @property
-    def status(self) -> str:
-        return self.row["status"]
-
-
-class BatchRunner:
+class BatchRunner(BatchAccess):
     """Owns the store (opened on first use, or at start-up when a database exists, to resume)
-    and the batches not yet ended. The routes (server/api/batches.py) call its methods; its loop
-    runs the lines."""
+    and the batches not yet ended. The routes (server/api/batches.py) call its methods
+    (BatchAccess); its loop runs the lines."""
 
     def __init__(self, settings: BatchSettings, service: Service, drain: Draining,
                  execute: Execute, clock: Callable[[], float] = time.time):
-        self.settings, self.service, self.drain, self.execute = settings, service, drain, execute
-        self.clock = clock
-        self.store: Store | None = None
-        self.store_error: StorageError | None = None
-        self.active: dict[str, Active] = {}
-        self.unsaved: dict[str, dict] = {}   # batches failed whose failure the store refused
+        super().__init__(settings, clock)
+        self.service, self.drain, self.execute = service, drain, execute
         self.by_model: Counter[str | None] = Counter()
         self.last_interactive = -math.inf    # when a client's request last held a model
         self.paused_until: dict[str | None, float] = {}
-        self.counts: Counter[str] = Counter()   # lines done since start, and their tokens
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="batch-store")
-        self._wake = asyncio.Event()
-        self._opening = asyncio.Lock()
         self._loop_task: asyncio.Task | None = None
         self._stopping = False
 
-    # ---- the store, on its own thread ------------------------------------------------------------
-    async def _call(self, fn: Callable, *args, **kwargs):
-        return await asyncio.get_running_loop().run_in_executor(self._pool,
-                                                                partial(fn, *args, **kwargs))
-
-    async def open(self) -> Store:
-        """The store, opened (and its unfinished batches resumed) if it is not yet: a
-        StorageError when it cannot be."""
-        async with self._opening:
-            if self.store is None:
-                await self._open()
-        assert self.store is not None
-        return self.store
-
-    async def _open(self) -> None:
-        try:
-            store = await self._call(Store, self.settings.directory)
-        except StorageError as exc:
-            self.store_error = exc
-            raise
-        if store.note:
-            log.error("batch store: %s", store.note)
-        try:
-            rerun = await self._call(store.recover)
-            rows = await self._call(store.active_batches)
-        except StorageError as exc:
-            self.store_error = exc
-            await self._call(store.close)
-            raise
-        self.store, self.store_error = store, None
-        for row in rows:
-            self.active[row["id"]] = Active(row, left=row["total"] - row["completed"]
-                                            - row["failed"])
-        if self.active or rerun:
-            log.info("batch store %s: %d unfinished batch(es) resumed, %d line(s) left running "
-                     "by the last process run again", store.path, len(self.active), rerun)
-        self._wake.set()
-
+    # ---- start and stop --------------------------------------------------------------------------
     async def start(self) -> None:
         if self.settings.directory.joinpath("batches.sqlite3").exists():
             try:
@@ -224,98 +112,6 @@ class BatchRunner:
             await self._call(self.store.close)
             self.store = None
         self._pool.shutdown(wait=True)
-
-    # ---- what the routes ask ---------------------------------------------------------------------
-    async def upload(self, purpose: str, filename: str, content: bytes, lines: int) -> dict:
-        store = await self.open()
-        return await self._call(store.add_file, purpose, filename, content, lines)
-
-    async def file(self, file_id: str) -> dict | None:
-        return await self._call((await self.open()).file, file_id)
-
-    async def file_content(self, file_id: str) -> bytes | None:
-        return await self._call((await self.open()).file_content, file_id)
-
-    async def files(self, purpose: str | None, after: str | None, limit: int,
-                    order: str) -> tuple[list[dict], bool]:
-        return await self._call((await self.open()).files, purpose, after, limit, order)
-
-    async def delete_file(self, file_id: str) -> bool:
-        return await self._call((await self.open()).delete_file, file_id)
-
-    async def create(self, endpoint: str, input_file_id: str, window: str, window_s: float,
-                     metadata: dict | None) -> dict:
-        """A new batch (validating), if the limits allow: an APIError otherwise."""
-        store = await self.open()
-        source = await self._call(store.file, input_file_id)
-        if source is None:
-            raise APIError(404, f"No such file: {input_file_id!r}", "file_not_found",
-                           "input_file_id")
-        if source["purpose"] != "batch":
-            raise APIError(400, f"File {input_file_id!r} has purpose {source['purpose']!r}; a "
-                           "batch's input file is uploaded with purpose \"batch\"",
-                           "invalid_value", "input_file_id")
-        if (source["lines"] or 0) > self.settings.max_lines:
-            raise APIError(400, f"File {input_file_id!r} has {source['lines']} request lines; a "
-                           f"batch may have at most {self.settings.max_lines} "
-                           "(PAGEDLLAMA_BATCH_MAX_LINES)", "too_many_lines", "input_file_id")
-        active = sum(1 for b in self.active.values() if b.status in ACTIVE)
-        if active >= self.settings.max_active:
-            raise APIError(429, f"{active} batches are not finished yet; this server runs at "
-                           f"most {self.settings.max_active} at once "
-                           "(PAGEDLLAMA_BATCH_MAX_ACTIVE): wait for one to end, or cancel one",
-                           "too_many_active_batches")
-        row = await self._call(store.add_batch, endpoint, input_file_id, window, window_s,
-                               metadata, self.clock())
-        self.active[row["id"]] = Active(row)
-        self._wake.set()
-        return row
-
-    async def batch(self, batch_id: str) -> dict | None:
-        if batch_id in self.unsaved:
-            return self.unsaved[batch_id]
-        return await self._call((await self.open()).batch, batch_id)
-
-    async def batches(self, after: str | None, limit: int) -> tuple[list[dict], bool]:
-        rows, more = await self._call((await self.open()).batches, after, limit)
-        return [self.unsaved.get(r["id"], r) for r in rows], more
-
-    async def cancel(self, batch_id: str) -> dict | None:
-        """Cancel a batch: it stops starting lines, cancels those running, and ends
-        `cancelled` with what it finished (an APIError 409 for a batch that has ended)."""
-        store = await self.open()
-        row = await self._call(store.batch, batch_id)
-        if row is None:
-            return None
-        if row["status"] in ("cancelling", "cancelled"):
-            return row
-        moved = await self._call(store.set_status, batch_id, "cancelling", self.clock(),
-                                 only_from=("validating", "in_progress"))
-        if not moved:
-            raise APIError(409, f"Batch {batch_id!r} is {row['status']}: only a validating or "
-                           "in-progress batch can be cancelled", "batch_not_cancellable")
-        b = self.active.get(batch_id)
-        if b is not None:
-            b.row["status"], b.ending = "cancelling", "cancelled"
-        self._wake.set()
-        return await self._call(store.batch, batch_id)
-
-    # ---- what it shows ---------------------------------------------------------------------------
-    def stats(self) -> dict:
-        """For /stats, /metrics and the dashboard."""
-        running = sum(len(b.running) for b in self.active.values())
-        statuses = Counter(b.status for b in self.active.values())
-        return {
-            "store": str(self.settings.directory), "store_open": self.store is not None,
-            "store_error": self.store_error.message if self.store_error else None,
-            "concurrency": self.settings.concurrency,
-            "batches": dict(statuses), "batches_active": len(self.active),
-            "lines_running": running,
-            "lines_pending": sum(b.left for b in self.active.values()) - running,
-            "lines_completed": self.counts["completed"], "lines_failed": self.counts["failed"],
-            "prompt_tokens": self.counts["input"], "cached_tokens": self.counts["cached"],
-            "completion_tokens": self.counts["output"],
-        }
 
     # ---- the loop --------------------------------------------------------------------------------
     async def _loop(self) -> None:
