@@ -29,7 +29,7 @@ from benchmarks.harness import datasets as ds
 from benchmarks.harness.client import first_model
 from benchmarks.harness.metrics import finish
 from benchmarks.harness.options import CHAT, add, parser
-from benchmarks.harness.workload import run_workload
+from benchmarks.harness.workload import by_policy, run_workload
 from cluster.launch import ROUTING_KEY_HEADER, Cluster, ClusterSpec, free_cluster_port
 
 COUNTERS = ("pagedllama:prefix_cache_hits_total", "pagedllama:prefix_cache_queries_total",
@@ -141,19 +141,17 @@ def run_policy(policy: str, args, seed: int) -> dict:
     return report
 
 
+def _describe(report: dict) -> str:
+    return (f"{report['policy']}: {report['output_throughput']:.1f} output tok/s, hit rate "
+            f"{report['prefix_hit_rate'] * 100:.0f}%, requests per replica "
+            f"{report['requests_per_replica']}, llama_decode "
+            f"{_seconds(report['decode_s_per_replica'])} and the step loop's Python "
+            f"{_seconds(report['step_python_s_per_replica'])} of a "
+            f"{report['duration_s']:.1f} s run")
+
+
 def run(args) -> dict:
-    policies = args.policies.split(",")
-    result: dict = {"config": vars(args).copy(), "runs": {p: [] for p in policies}}
-    for r in range(args.rounds):
-        for policy in policies:
-            report = run_policy(policy, args, args.seed + r)
-            result["runs"][policy].append(report)
-            print(f"round {r + 1} {policy}: {report['output_throughput']:.1f} output tok/s, hit "
-                  f"rate {report['prefix_hit_rate'] * 100:.0f}%, requests per replica "
-                  f"{report['requests_per_replica']}, llama_decode "
-                  f"{_seconds(report['decode_s_per_replica'])} and the step loop's Python "
-                  f"{_seconds(report['step_python_s_per_replica'])} of a "
-                  f"{report['duration_s']:.1f} s run", file=sys.stderr, flush=True)
+    result = by_policy(args, run_policy, _describe)
     result["summary"] = {p: _median_of(runs) for p, runs in result["runs"].items()}
     return result
 

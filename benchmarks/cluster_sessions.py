@@ -28,7 +28,6 @@ import os
 import random
 import shutil
 import signal
-import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -41,7 +40,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from benchmarks.harness import datasets as ds
 from benchmarks.harness.client import RequestOutput, first_model, make_client, payload, send
 from benchmarks.harness.options import CHAT
-from benchmarks.harness.workload import calibrate
+from benchmarks.harness.workload import by_policy, calibrate
 from cluster.launch import ROUTING_KEY_HEADER, Cluster, ClusterSpec, free_cluster_port
 
 SESSION_HEADER = "X-Claude-Code-Session-Id"
@@ -265,14 +264,7 @@ def line(r: dict) -> str:
 
 
 def run(args) -> dict:
-    policies = args.policies.split(",")
-    result: dict = {"config": vars(args).copy(), "runs": {p: [] for p in policies}}
-    for r in range(args.rounds):
-        for policy in policies:
-            report = run_policy(policy, args, args.seed + r)
-            result["runs"][policy].append(report)
-            print(f"round {r + 1} {line(report)}", file=sys.stderr, flush=True)
-    return result
+    return by_policy(args, run_policy, line)
 
 
 def summary_table(result: dict, args) -> str:

@@ -79,3 +79,14 @@ def server_process(env: dict[str, str] | None = None, startup_timeout: float = 1
     finally:
         stop([proc], timeout=20)
         log.close()
+
+
+@contextmanager
+def smollm2_folder_server(folder: Path):
+    """A server whose models folder (`folder`, made here) holds SmolLM2 alone: 1,024 tokens of
+    context, 4 sequences, 2 threads; yields the ServerProcess."""
+    (folder / SMOLLM2.name).symlink_to(SMOLLM2)
+    env = {"PAGEDLLAMA_MODELS_DIR": str(folder), "PAGEDLLAMA_N_CTX": "1024",
+           "PAGEDLLAMA_MAX_SEQS": "4", "PAGEDLLAMA_THREADS": "2"}
+    with server_process(env) as proc:
+        yield proc

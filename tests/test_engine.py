@@ -515,6 +515,25 @@ def test_logits_do_not_depend_on_the_batch_or_the_thread_count(model, flash_attn
 SHAPE_1B = GEMMA3.parent / "shapes" / "llama-3.2-1b-Q4_K_M.gguf"   # make shapes
 
 
+def sixteen_prompts_decoded(path, repack: bool, flash_attn: bool, prefilled: int = 16):
+    """A 16-sequence context on `path` with the backend's row-invariant switch on, and the
+    first `prefilled` of SIXTEEN_TEXTS decoded as prompts: (model, context, their tokens)."""
+    from engine.llama import Context, ContextConfig
+    m = Model(path, n_gpu_layers=TEST_GPU_LAYERS, repack=repack)
+    ctx = Context(m, ContextConfig(n_ctx=256 * 16, n_seq_max=16, n_batch=256, n_threads=2,
+                                   kv_unified=False, flash_attn=flash_attn))
+    assert ctx.cpu_backend is not None   # the switch is on, flash attention or not
+    prompts = [m.tokenize(t) for t in SIXTEEN_TEXTS]
+    for seq, toks in enumerate(prompts[:prefilled]):
+        assert ctx.decode([(seq, toks, 0, False)]) == 0
+    return m, ctx, prompts
+
+
+def logits_on_threads(ctx, prompts, seqs, threads: int):
+    ctx.set_threads(threads)
+    return next_logits_of_first(ctx, prompts, seqs)
+
+
 @cpu_exact
 @pytest.mark.parametrize("flash_attn", [False, True], ids=["plain", "flash"])
 @pytest.mark.parametrize("path", [GEMMA3, pytest.param(SHAPE_1B, marks=pytest.mark.skipif(
@@ -529,21 +548,12 @@ def test_repacked_weights_give_a_row_the_same_numbers_whatever_the_batch(path, f
     from 4 rows up) changes the 1B shape's beside 3 or 5: what the patch is for."""
     import numpy as np
 
-    from engine.llama import Context, ContextConfig
     from engine.llama_tricks import has_row_invariant_repack
     assert has_row_invariant_repack(), "llama.cpp was built without the repack patch"
-    m = Model(path, n_gpu_layers=TEST_GPU_LAYERS, repack=True)
-    ctx = Context(m, ContextConfig(n_ctx=256 * 16, n_seq_max=16, n_batch=256, n_threads=2,
-                                   kv_unified=False, flash_attn=flash_attn))
+    m, ctx, prompts = sixteen_prompts_decoded(path, repack=True, flash_attn=flash_attn)
     try:
-        assert ctx.cpu_backend is not None   # the switch is on, flash attention or not
-        prompts = [m.tokenize(t) for t in SIXTEEN_TEXTS]
-        for seq, toks in enumerate(prompts):
-            assert ctx.decode([(seq, toks, 0, False)]) == 0
-
         def logits(seqs, threads=2):
-            ctx.set_threads(threads)
-            return next_logits_of_first(ctx, prompts, seqs)
+            return logits_on_threads(ctx, prompts, seqs, threads)
         alone = logits([0])
         # from 8 rows the 1B shape's Q6_K tensors (not repacked) take ggml's tiled matmul,
         # kept exact by the tiled patch (test_a_1b_shape_row_gets_the_same_numbers_whatever_the_batch)
@@ -577,23 +587,15 @@ def test_a_1b_shape_row_gets_the_same_numbers_whatever_the_batch(repack, flash_a
     changes them beside 7: what the patch is for."""
     import numpy as np
 
-    from engine.llama import Context, ContextConfig
     from engine.llama_tricks import has_row_invariant_tiled
     assert has_row_invariant_tiled(), "llama.cpp was built without the tiled-matmul patch"
-    m = Model(SHAPE_1B, n_gpu_layers=TEST_GPU_LAYERS, repack=repack)
-    ctx = Context(m, ContextConfig(n_ctx=256 * 16, n_seq_max=16, n_batch=256, n_threads=2,
-                                   kv_unified=False, flash_attn=flash_attn))
+    m, ctx, prompts = sixteen_prompts_decoded(SHAPE_1B, repack, flash_attn, prefilled=15)
     try:
-        assert ctx.cpu_backend is not None   # the switch is on, flash attention or not
-        prompts = [m.tokenize(t) for t in SIXTEEN_TEXTS]
-        for seq, toks in enumerate(prompts[:15]):
-            assert ctx.decode([(seq, toks, 0, False)]) == 0
         prompts[15] = prompts[0]
         ctx.seq_cp(0, 15, -1, -1)   # sequence 15 gets a copy of sequence 0's prompt
 
         def logits(seqs, threads=2):
-            ctx.set_threads(threads)
-            return next_logits_of_first(ctx, prompts, seqs)
+            return logits_on_threads(ctx, prompts, seqs, threads)
         alone = logits([0])
         cases = {f"beside {k - 1}": logits(list(range(k))) for k in (2, 4, 6, 8, 16)}
         cases["1 thread"] = logits([0], threads=1)

@@ -11,7 +11,7 @@ import ollama
 import pytest
 from pydantic import BaseModel
 
-from tests.server_proc import SMOLLM2, SMOLLM2_NAME, server_process
+from tests.server_proc import SMOLLM2, SMOLLM2_NAME, smollm2_folder_server
 
 M = SMOLLM2_NAME
 TAGGED = M + ":latest"
@@ -25,11 +25,7 @@ WEATHER = {"type": "function", "function": {
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("ollama-models")
-    (folder / SMOLLM2.name).symlink_to(SMOLLM2)
-    env = {"PAGEDLLAMA_MODELS_DIR": str(folder), "PAGEDLLAMA_N_CTX": "1024",
-           "PAGEDLLAMA_MAX_SEQS": "4", "PAGEDLLAMA_THREADS": "2"}
-    with server_process(env) as proc:
+    with smollm2_folder_server(tmp_path_factory.mktemp("ollama-models")) as proc:
         yield proc
 
 

@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from tests.server_proc import ROOT, SMOLLM2, server_process
+from tests.server_proc import ROOT, smollm2_folder_server
 
 SCRIPT = ROOT / "scripts" / "ollama_js_check.mjs"
 MODULE = os.environ.get("OLLAMA_JS_MODULE") or str(
@@ -24,11 +24,7 @@ pytestmark = [
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("ollama-js-models")
-    (folder / SMOLLM2.name).symlink_to(SMOLLM2)
-    env = {"PAGEDLLAMA_MODELS_DIR": str(folder), "PAGEDLLAMA_N_CTX": "1024",
-           "PAGEDLLAMA_MAX_SEQS": "4", "PAGEDLLAMA_THREADS": "2"}
-    with server_process(env) as proc:
+    with smollm2_folder_server(tmp_path_factory.mktemp("ollama-js-models")) as proc:
         yield proc
 
 

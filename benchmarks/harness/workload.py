@@ -170,3 +170,17 @@ def client_main(args: argparse.Namespace, run: Callable[[argparse.Namespace], Aw
         return 2
     finish(show(r), r, args.result_file)
     return 0 if r["failed"] == 0 else 1
+
+
+def by_policy(args, run_policy, describe) -> dict:
+    """`args.rounds` alternations of the comma-separated `args.policies`, each run by
+    run_policy(policy, args, seed) (a report dict); `describe(report)` says one on stderr."""
+    import sys
+    policies = args.policies.split(",")
+    result: dict = {"config": vars(args).copy(), "runs": {p: [] for p in policies}}
+    for r in range(args.rounds):
+        for policy in policies:
+            report = run_policy(policy, args, args.seed + r)
+            result["runs"][policy].append(report)
+            print(f"round {r + 1} {describe(report)}", file=sys.stderr, flush=True)
+    return result

@@ -99,15 +99,21 @@ def assert_skipped(lines, s, path, why):
     assert s.counts["disk"].bad == 1 and not path.exists()
 
 
+def assert_not_restored(tmp_path, tokens, path, why):
+    """Restoring `tokens` finds nothing: the file at `path` is skipped (logged with `why`,
+    counted bad) and deleted."""
+    with log_lines() as lines:
+        got, s = restored(tmp_path, tokens)
+    assert got is None
+    assert_skipped(lines, s, path, why)
+
+
 def test_a_header_with_another_token_id_is_not_restored(tmp_path):
     a = prompt(1, 16)
     b = a[:5] + [a[5] + 1] + a[6:]
     (path,) = written(tmp_path, a)
     rewrite(path, lambda h: h["tokens"].__setitem__(5, b[5]))
-    with log_lines() as lines:
-        got, s = restored(tmp_path, b)
-    assert got is None
-    assert_skipped(lines, s, path, "its name is not the chain hash of its tokens")
+    assert_not_restored(tmp_path, b, path, "its name is not the chain hash of its tokens")
     assert restored(tmp_path, a)[0] is None
 
 
@@ -115,10 +121,7 @@ def test_a_header_with_another_space_in_the_same_folder_is_not_restored(tmp_path
     a = prompt(1, 16)
     (path,) = written(tmp_path, a)
     rewrite(path, lambda h: h["space"].__setitem__("kv_type", "q8_0"))
-    with log_lines() as lines:
-        got, s = restored(tmp_path, a)
-    assert got is None
-    assert_skipped(lines, s, path, "its space identity or block size is not its folder's")
+    assert_not_restored(tmp_path, a, path, "its space identity or block size is not its folder's")
     assert restored(tmp_path, a, identity={**IDENTITY, "kv_type": "q8_0"})[0] is None
 
 
@@ -129,20 +132,14 @@ def test_a_header_with_another_block_size_is_not_restored(tmp_path):
     # a process with block size 8 has a folder of its own: it finds nothing
     got, s = restored(tmp_path, a, block_size=8)
     assert got is None and path.exists()
-    with log_lines() as lines:
-        got, s = restored(tmp_path, a)
-    assert got is None
-    assert_skipped(lines, s, path, "its space identity or block size is not its folder's")
+    assert_not_restored(tmp_path, a, path, "its space identity or block size is not its folder's")
 
 
 def test_a_file_renamed_to_another_snapshots_name_is_not_restored(tmp_path):
     a, b = prompt(1, 16), prompt(2, 16)
     path_a, path_b = written(tmp_path, a, b)
     os.replace(path_a, path_b)          # b's name, a's content
-    with log_lines() as lines:
-        got, s = restored(tmp_path, a)
-    assert got is None
-    assert_skipped(lines, s, path_b, "its name is not the chain hash of its tokens")
+    assert_not_restored(tmp_path, a, path_b, "its name is not the chain hash of its tokens")
     assert restored(tmp_path, b)[0] is None
 
 
@@ -153,10 +150,7 @@ def test_a_file_in_the_older_format_is_skipped_and_deleted(tmp_path):
     header = json.dumps({"space": IDENTITY, "block_size": BS, "tokens": a, "size": len(data),
                          "crc32": zlib.crc32(data)}).encode()
     path.write_bytes(b"PGLKV1\n" + struct.pack("<I", len(header)) + header + data)
-    with log_lines() as lines:
-        got, s = restored(tmp_path, a)
-    assert got is None
-    assert_skipped(lines, s, path, "written in an older format")
+    assert_not_restored(tmp_path, a, path, "written in an older format")
 
 
 @cache
