@@ -32,7 +32,6 @@ import os
 import re
 import secrets
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -45,6 +44,10 @@ from pathlib import Path
 import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))   # run as a script: the project's own modules
+
+from cluster import processes  # noqa: E402
+
 DEFAULT_MODEL = ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
 BUILTIN_TOOLS_CTX = 8192
@@ -84,25 +87,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 # ---- processes ---------------------------------------------------------------------------------
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+free_port = processes.free_port
 
 
 def wait_http(url: str, proc: subprocess.Popen, timeout: float, log: Path) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise Failed(f"{url}: the process exited ({proc.returncode}); its log:\n"
-                         + tail(log))
-        try:
-            if httpx.get(url, timeout=5, trust_env=False).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    raise Failed(f"{url} did not answer within {timeout:.0f} s; its log:\n" + tail(log))
+    try:
+        processes.wait_http(url, proc, timeout, url)
+    except RuntimeError as exc:
+        raise Failed(f"{exc}; its log:\n" + tail(log)) from exc
 
 
 def tail(path: Path, n: int = 40) -> str:
