@@ -23,9 +23,9 @@ Invariants:
 
 Around the step: between steps the thread lease follows the contention governor and the
 process's shared core budget (engine/lease.py); before a step that would start a wave of
-prompts the worker waits a moment for the rest of it (engine/gather.py); after a step, and when
-there is nothing to do, a finished sequence's prefix is copied to the cache tiers when the copy
-fits the step target (scheduler/save_pacing.py). A request with a
+prompts the worker waits a moment for the rest of it (engine/gather.py); after a step (and,
+with a disk tier, when there is nothing to do) a finished sequence's prefix is copied to the
+cache tiers when the copy fits the step target (scheduler/save_pacing.py). A request with a
 grammar samples through its mask (engine/grammar.py); logprobs are computed only for requests
 that ask. n > 1 arrives as one request with forks: they wait while it computes the prompt, then
 start from a copy of its KV (Scheduler.fork) and sample from the same logits (restored between
@@ -91,9 +91,9 @@ SLOW_STEP = 4.0
 SLOW_STEP_MARGIN_S = 0.05
 
 # A finished sequence's prefix is saved to the cache tiers at once when its copy fits the step
-# target (between two steps while streams run, or when the context has nothing to do:
-# scheduler/save_pacing.py); a larger one once the context has had nothing to do for this long
-# (a copy takes up to a second, and a request arriving meanwhile waits for it).
+# target (between two steps while streams run, or, with a disk tier, when the context has
+# nothing to do: scheduler/save_pacing.py); otherwise once the context has had nothing to do for
+# this long (a copy takes up to a second, and a request arriving meanwhile waits for it).
 SAVE_AFTER_IDLE_S = 1.0
 IDLE_SAMPLE_S = 0.5   # while idle, a CPU sample this often for the thread governor
 
@@ -362,11 +362,11 @@ class Worker:
         """Streams run on: copy the oldest finished sequence's prefix to the tiers now if the
         copy fits the step target beside the step just run (step_s), else have the next step
         leave room for it (scheduler/save_pacing.py)."""
-        if not self._save_paced(step_s):
-            n_tokens = len(next(iter(self.manager.unsaved.values()), ()))
-            self.scheduler.reserved_s = self.pacer.reserve_s(n_tokens) if n_tokens else 0.0
-        else:
+        if self._save_paced(step_s):
             self.scheduler.reserved_s = 0.0
+        else:   # reserve_s(0) is 0: nothing left to save
+            n_tokens = len(next(iter(self.manager.unsaved.values()), ()))
+            self.scheduler.reserved_s = self.pacer.reserve_s(n_tokens)
 
     def _save_paced(self, step_s: float) -> bool:
         """Copy the oldest finished sequence's prefix to the tiers if the copy fits the step

@@ -30,7 +30,7 @@ class SavePacer:
     """Decides, between two steps, whether a waiting prefix is copied now (module doc)."""
     target_s: float                  # the scheduler's step target (0: no copies while busy)
     token_s: float = PRIOR_TOKEN_S   # seconds a token's state takes to copy, learned
-    copies: int = 0                  # copies made while busy
+    copies: int = 0                  # copies it allowed (busy, or idle with a disk tier)
     copy_s: float = 0.0              # their seconds in all
     max_gap_s: float = 0.0           # the largest step plus copy seen (a stream's gap)
 
